@@ -1,0 +1,53 @@
+# One set-up for everything: a pinned virtual environment in .venv and the system tools
+# the course needs. `make test` and `make lab` work on a fresh Debian machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# Graphviz's `dot` draws autograd graphs (notebook 07); tests render with it.
+SYSTEM_TOOLS := dot:graphviz
+
+.PHONY: test lab release lock system-tools clean
+
+test: $(STAMP) system-tools
+	$(BIN)/python -m pytest
+
+lab: $(STAMP) system-tools
+	$(BIN)/jupyter lab --ServerApp.root_dir=course $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
+
+# Regenerate the student notebooks in course/ from solutions/ (stock nbgrader).
+release: $(STAMP)
+	$(BIN)/autograder release
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || { \
+	  echo "error: '$(PYTHON) -m venv' failed. On Debian/Ubuntu: apt-get install python3-venv"; exit 1; }
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[lab,test]'
+	@touch $@
+
+# Pin every package of the environment (run after changing a version in pyproject.toml).
+lock: $(STAMP)
+	$(BIN)/python -m pip freeze --exclude-editable | sed 's/+cpu$$//' > constraints.txt
+
+# Install missing system tools with apt-get where possible, else say how to get them.
+system-tools:
+	@for pair in $(SYSTEM_TOOLS); do \
+	  tool=$${pair%%:*}; package=$${pair#*:}; \
+	  command -v $$tool >/dev/null && continue; \
+	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then sudo=""; \
+	  elif command -v apt-get >/dev/null && sudo -n true 2>/dev/null; then sudo="sudo"; \
+	  else \
+	    echo "error: '$$tool' was not found and cannot be installed automatically here."; \
+	    echo "  Debian/Ubuntu: sudo apt-get install $$package"; \
+	    echo "  macOS:         brew install $$package"; \
+	    echo "  conda:         conda install -c conda-forge $$package"; \
+	    echo "Then run make again."; exit 1; \
+	  fi; \
+	  echo "Installing $$package (for '$$tool') with apt-get"; \
+	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$package >/dev/null || exit 1; \
+	done
+
+clean:
+	rm -rf $(VENV) .pytest_cache

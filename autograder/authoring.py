@@ -1,0 +1,205 @@
+"""Keep the instructor notebooks canonical and generate the student notebooks from them.
+
+`solutions/<slug>/<slug>.ipynb` is the one source; `course/` is nbgrader's release of it.
+`normalize` puts a solution notebook in its stored form (no outputs, the shared setup
+cell), `problems` lists what breaks the conventions nbgrader and the course rely on, and
+`release` runs stock nbgrader's generate_assignment for every notebook.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+import nbformat
+from nbformat import NotebookNode
+
+ROOT = Path(__file__).resolve().parent.parent  # the repository checkout
+SOLUTIONS = "solutions"
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+
+SETUP_CELL = '''\
+# Setup: run this cell first. It works in JupyterLab, in Google Colab and under nbgrader.
+import sys
+
+if "google.colab" in sys.modules:  # Colab: install the course's checks, keep Colab's own torch
+    %pip install --quiet --no-deps "autograd-course @ git+{url}" torchviz==0.0.3
+from autograder.notebook import setup
+
+setup()'''
+
+_NBGRADER_KEYS = {"schema_version", "grade", "solution", "locked", "task", "grade_id", "points", "checksum", "cell_type"}
+_GRADE_ID = re.compile(r"^[a-zA-Z0-9_\-]+$")
+
+
+def repository_url(root: Path = ROOT) -> str:
+    """The repository URL, set once: `[project.urls] Repository` in pyproject.toml."""
+    with open(root / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"]["urls"]["Repository"]
+
+
+def setup_source(root: Path = ROOT) -> str:
+    return SETUP_CELL.format(url=repository_url(root))
+
+
+def assignments(root: Path = ROOT) -> list[str]:
+    """Slugs of the notebooks in solutions/, in course order."""
+    return sorted(p.parent.name for p in (root / SOLUTIONS).glob("*/*.ipynb") if p.stem == p.parent.name)
+
+
+def solution_path(slug: str, root: Path = ROOT) -> Path:
+    return root / SOLUTIONS / slug / f"{slug}.ipynb"
+
+
+def normalize(nb: NotebookNode, root: Path = ROOT) -> NotebookNode:
+    """Stored form: no outputs, canonical metadata, the shared setup cell first."""
+    nb.metadata = {"kernelspec": dict(KERNELSPEC), "language_info": {"name": "python"}}
+    for index, cell in enumerate(nb.cells):
+        kept = {k: v for k, v in cell.metadata.items() if k in ("nbgrader", "tags")}
+        cell.metadata = kept
+        cell.id = kept.get("nbgrader", {}).get("grade_id") or f"cell-{index}"
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+    setup = next(c for c in nb.cells if c.cell_type == "code")
+    setup.source = setup_source(root)
+    setup.metadata["nbgrader"] = {
+        "grade": False, "grade_id": "setup", "locked": True, "schema_version": 3, "solution": False, "task": False,
+    }
+    setup.id = "setup"
+    return nb
+
+
+def _nbgrader(cell: NotebookNode) -> dict:
+    return cell.metadata.get("nbgrader", {})
+
+
+def _balanced(source: str, begin: str, end: str) -> bool:
+    depth = 0
+    for line in source.splitlines():
+        if begin in line:
+            depth += 1
+            if depth > 1:
+                return False
+        elif end in line:
+            depth -= 1
+            if depth < 0:
+                return False
+    return depth == 0
+
+
+def problems(nb: NotebookNode, root: Path = ROOT) -> list[str]:
+    """Everything that breaks the stored form or the nbgrader conventions of the course."""
+    found: list[str] = []
+    try:
+        nbformat.validate(nb)
+    except nbformat.ValidationError as error:
+        found.append(f"invalid notebook: {error.message}")
+    if nb.metadata.get("kernelspec", {}).get("name") != "python3":
+        found.append("kernelspec must be python3")
+    seen: set[str] = set()
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    if not code or code[0].source != setup_source(root):
+        found.append("the first code cell must be the shared setup cell (run `make release`)")
+    for i, cell in enumerate(nb.cells):
+        where = f"cell {i}"
+        if cell.cell_type == "code" and (cell.outputs or cell.execution_count is not None):
+            found.append(f"{where}: outputs must be cleared")
+        meta = _nbgrader(cell)
+        source = cell.source
+        is_solution = bool(meta.get("solution"))
+        is_test = bool(meta.get("grade")) and not is_solution
+        if meta:
+            where = f"cell {i} ({meta.get('grade_id')})"
+            if meta.get("schema_version") != 3:
+                found.append(f"{where}: nbgrader schema_version must be 3")
+            if set(meta) - _NBGRADER_KEYS:
+                found.append(f"{where}: unknown nbgrader keys {sorted(set(meta) - _NBGRADER_KEYS)}")
+            grade_id = meta.get("grade_id", "")
+            if not _GRADE_ID.match(grade_id):
+                found.append(f"{where}: grade_id must match [a-zA-Z0-9_-]+")
+            if grade_id in seen:
+                found.append(f"{where}: duplicate grade_id")
+            seen.add(grade_id)
+            if meta.get("grade") and not (isinstance(meta.get("points"), (int, float)) and meta["points"] > 0):
+                found.append(f"{where}: a graded cell needs points > 0")
+        has_solution = "### BEGIN SOLUTION" in source or "### END SOLUTION" in source
+        if has_solution and not is_solution:
+            found.append(f"{where}: solution markers outside a solution cell")
+        if is_solution and cell.cell_type == "code":
+            if "### BEGIN SOLUTION" not in source or not _balanced(source, "### BEGIN SOLUTION", "### END SOLUTION"):
+                found.append(f"{where}: a solution cell needs balanced BEGIN/END SOLUTION markers")
+        has_hidden = "### BEGIN HIDDEN TESTS" in source or "### END HIDDEN TESTS" in source
+        if has_hidden and not is_test:
+            found.append(f"{where}: hidden tests outside a graded test cell")
+        if has_hidden and not _balanced(source, "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"):
+            found.append(f"{where}: unbalanced HIDDEN TESTS markers")
+    found += _exercise_pattern(nb)
+    return found
+
+
+def _exercise_pattern(nb: NotebookNode) -> list[str]:
+    """Every answer cell is followed by a hint, a visible check and a graded hidden check."""
+    found = []
+    cells = nb.cells
+    starts = [i for i, c in enumerate(cells) if c.cell_type == "code" and _nbgrader(c).get("solution")]
+    for n, start in enumerate(starts):
+        end = starts[n + 1] if n + 1 < len(starts) else len(cells)
+        part = cells[start + 1 : end]
+        grade_id = _nbgrader(cells[start]).get("grade_id")
+        if not any(c.cell_type == "markdown" and "<details>" in c.source for c in part):
+            found.append(f"exercise {grade_id}: no hint (<details>) after the answer cell")
+        checks = [c for c in part if c.cell_type == "code" and _nbgrader(c).get("locked")]
+        if not any("check" in c.source and "### BEGIN HIDDEN TESTS" not in c.source for c in checks):
+            found.append(f"exercise {grade_id}: no visible check cell")
+        if not any(_nbgrader(c).get("grade") and "### BEGIN HIDDEN TESTS" in c.source for c in checks):
+            found.append(f"exercise {grade_id}: no graded hidden check cell")
+    return found
+
+
+def normalize_all(root: Path = ROOT) -> list[str]:
+    """Rewrite every solution notebook in its stored form; return the slugs changed."""
+    changed = []
+    for slug in assignments(root):
+        path = solution_path(slug, root)
+        before = path.read_text()
+        nb = normalize(nbformat.reads(before, as_version=4), root)
+        after = nbformat.writes(nb) + "\n"
+        if after != before:
+            path.write_text(after)
+            changed.append(slug)
+    return changed
+
+
+def use_this_environment() -> None:
+    """Put this interpreter's scripts first on PATH: nbgrader runs `alembic` by name."""
+    scripts = str(Path(sys.executable).parent)
+    if os.environ.get("PATH", "").split(os.pathsep)[0] != scripts:
+        os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
+
+
+def release(root: Path = ROOT, release_dir: Path | None = None, db_url: str | None = None) -> None:
+    """Run nbgrader's generate_assignment for every notebook (stock nbgrader, in-process).
+
+    By default this writes course/ and the gradebook, as `nbgrader generate_assignment`
+    from the root would; tests pass another `release_dir` and a throwaway `db_url`.
+    """
+    from nbgrader.converters import GenerateAssignment
+    from nbgrader.coursedir import CourseDirectory
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
+    if release_dir is not None:
+        config.CourseDirectory.release_directory = str(release_dir)
+    if db_url is not None:
+        config.CourseDirectory.db_url = db_url
+    config.Application.log_level = "WARN"
+    use_this_environment()
+    for slug in assignments(root):
+        config.CourseDirectory.assignment_id = slug
+        coursedir = CourseDirectory(config=config)
+        app = GenerateAssignment(coursedir=coursedir, config=config)
+        app.force = True
+        app.start()

@@ -1,0 +1,28 @@
+"""Which devices a check runs on, and moving arguments there."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+NO_CUDA = "skipped: no CUDA device"
+
+
+def available() -> list[str]:
+    """CPU always; CUDA when present (a check prints NO_CUDA otherwise)."""
+    return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+
+
+def prepare(args: Sequence[Any], device: str) -> tuple[Any, ...]:
+    """Fresh copies of the arguments on `device`; floating-point tensors require grad."""
+
+    def one(a: Any) -> Any:
+        if not isinstance(a, torch.Tensor):
+            return a
+        if device == "meta":
+            t = torch.empty_like(a, device="meta")
+        else:
+            t = a.detach().to(device).clone()
+        return t.requires_grad_() if t.is_floating_point() else t
+
+    return tuple(one(a) for a in args)

@@ -1,0 +1,31 @@
+"""Seeded float64 inputs for checks, kept away from points where a derivative jumps."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+def uniform(
+    shape: Sequence[int],
+    generator: torch.Generator,
+    low: float = -2.0,
+    high: float = 2.0,
+    *,
+    kinks: Sequence[float] = (),
+    margin: float = 0.05,
+) -> torch.Tensor:
+    """Uniform float64 values in [low, high), none closer than `margin` to a kink.
+
+    Finite differences straddling a kink (relu at 0, a clip value) measure an average of
+    two slopes, so gradcheck would fail a correct backward there.
+    """
+    x = low + (high - low) * torch.rand(tuple(shape), generator=generator, dtype=torch.float64)
+    for k in kinks:
+        d = x - k
+        x = torch.where(d.abs() < margin, k + torch.where(d >= 0, margin, -margin), x)
+    return x
+
+
+def normal(shape: Sequence[int], generator: torch.Generator) -> torch.Tensor:
+    return torch.randn(tuple(shape), generator=generator, dtype=torch.float64)

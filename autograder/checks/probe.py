@@ -1,0 +1,123 @@
+"""Run a differentiable callable once and record what it computes, without judging.
+
+A probe is the only part of a check that executes the student's code. It returns plain
+tensors (forward outputs, vector-Jacobian products, second-order products) and the first
+error with the stage it happened in. The judge (:mod:`autograder.checks.functions`)
+compares probes of the student's code and of a reference; keeping the two apart lets the
+grader run probes in the student's process and judge in its own.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+
+@dataclass
+class ProbeError:
+    stage: str  # "forward", "backward" or "double backward"
+    type: str
+    message: str
+
+
+@dataclass
+class Probe:
+    outputs: list[torch.Tensor] = field(default_factory=list)
+    # grads[k][i]: gradient of <outputs, grad_outputs[k]> with respect to tensor input i.
+    grads: list[list[torch.Tensor | None]] = field(default_factory=list)
+    # Gradient of <grads[0], grad_grads> with respect to each tensor input, then to
+    # each of grad_outputs[0] (None where it does not depend on it: a zero).
+    grads2: list[torch.Tensor | None] | None = None
+    # Positions of tensor arguments whose values forward changed in place.
+    modified: list[int] = field(default_factory=list)
+    error: ProbeError | None = None
+
+
+def as_callable(fn: Any) -> Callable[..., Any]:
+    """`Function` subclasses are called through `.apply`; anything else directly."""
+    if isinstance(fn, type) and issubclass(fn, torch.autograd.Function):
+        return fn.apply
+    return fn
+
+
+def argument_names(fn: Any) -> list[str]:
+    """Names of the arguments a student's Function (or function) takes, without ctx."""
+    target = fn.forward if isinstance(fn, type) and issubclass(fn, torch.autograd.Function) else fn
+    try:
+        params = list(inspect.signature(target).parameters)
+    except (TypeError, ValueError):
+        return []
+    if params and params[0] == "ctx" and target is not fn:
+        params = params[1:]
+    return params
+
+
+def differentiable(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())
+
+
+def outputs_of(result: Any) -> list[torch.Tensor]:
+    items = result if isinstance(result, (tuple, list)) else (result,)
+    return [t for t in items if isinstance(t, torch.Tensor)]
+
+
+def run(
+    fn: Any,
+    args: Sequence[Any],
+    grad_outputs: Sequence[Sequence[torch.Tensor]],
+    grad_grads: Sequence[torch.Tensor] | None = None,
+) -> Probe:
+    """Call `fn(*args)`, then backward once per set of grad_outputs, then double backward.
+
+    Floating-point tensor arguments are differentiated (they must require grad);
+    `grad_outputs[k]` has one tensor per floating-point output. When `grad_grads` is
+    given, the first backward builds a graph and is differentiated again with it.
+    """
+    call = as_callable(fn)
+    probe = Probe()
+    wrt = [a for a in args if differentiable(a) and a.requires_grad]
+    stage = "forward"
+    before = {i: a.detach().clone() for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+    try:
+        result = call(*args)
+        probe.modified = [i for i, b in before.items() if not _same(args[i], b)]
+        probe.outputs = [t.detach() for t in outputs_of(result)]
+        diff_outputs = [t for t in outputs_of(result) if differentiable(t) and t.requires_grad]
+        for k, vs in enumerate(grad_outputs):
+            stage = "backward"
+            second = grad_grads is not None and k == 0
+            if second:  # the double backward also differentiates with respect to grad_output
+                vs = [v.detach().requires_grad_() for v in vs]
+            grads = torch.autograd.grad(
+                diff_outputs, wrt, list(vs)[: len(diff_outputs)],
+                allow_unused=True, create_graph=second, retain_graph=True,
+            )
+            probe.grads.append([None if g is None else g.detach() for g in grads])
+            if second:
+                stage = "double backward"
+                probe.grads2 = _second_order(grads, grad_grads, [*wrt, *vs])
+    except Exception as exc:  # the student's code may raise anything
+        probe.error = ProbeError(stage, type(exc).__name__, str(exc))
+    return probe
+
+
+def _second_order(
+    grads: Sequence[torch.Tensor | None],
+    grad_grads: Sequence[torch.Tensor],
+    wrt: list[torch.Tensor],
+) -> list[torch.Tensor | None]:
+    tracked = [(g, u) for g, u in zip(grads, grad_grads) if g is not None and g.requires_grad]
+    if not tracked:  # the gradient does not depend on anything: all second derivatives are zero
+        return [None] * len(wrt)
+    grads2 = torch.autograd.grad(
+        [g for g, _ in tracked], wrt, [u for _, u in tracked], allow_unused=True
+    )
+    return [None if g is None else g.detach() for g in grads2]
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.device.type == "meta":
+        return True
+    return a.shape == b.shape and bool(torch.allclose(a.detach(), b, rtol=0, atol=0, equal_nan=True))

@@ -1,0 +1,16 @@
+"""What the first cell of every notebook calls."""
+from __future__ import annotations
+
+import torch
+
+from .checks.devices import NO_CUDA
+
+
+def setup(seed: int = 0) -> None:
+    """Seed the examples and say where the checks will run."""
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        where = f"cpu and cuda ({torch.cuda.get_device_name()})"
+    else:
+        where = f"cpu ({NO_CUDA})"
+    print(f"torch {torch.__version__}; checks run on {where}.")

@@ -1,0 +1,80 @@
+"""A throwaway nbgrader course for tests: release, submit, autograde with stock nbgrader."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+from nbgrader.api import Gradebook
+
+from autograder import authoring
+
+SOLUTION_MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
+
+
+def model_solution(source: str) -> str:
+    """An answer cell as a student who got it right would leave it (markers removed)."""
+    return "\n".join(line for line in source.splitlines() if line.strip() not in SOLUTION_MARKERS)
+
+
+@dataclass
+class Exercise:
+    answer_id: str  # grade_id of the answer cell
+    solution: str  # its model solution
+    graded: list[str]  # grade_ids of the graded cells that check it
+
+
+def exercises(nb: nbformat.NotebookNode) -> list[Exercise]:
+    """Answer cells in order, each with the graded cells that follow it."""
+    found: list[Exercise] = []
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("solution"):
+            found.append(Exercise(meta["grade_id"], model_solution(cell.source), []))
+        elif meta.get("grade") and found:
+            found[-1].graded.append(meta["grade_id"])
+    return found
+
+
+class Course:
+    """An nbgrader course root in `root`, with this repository's config and solutions."""
+
+    def __init__(self, root: Path, slugs: list[str]) -> None:
+        self.root = root
+        shutil.copy(authoring.ROOT / "nbgrader_config.py", root)
+        for slug in slugs:
+            shutil.copytree(authoring.ROOT / "solutions" / slug, root / "solutions" / slug)
+        authoring.release(root)
+        self.db_url = f"sqlite:///{root / 'gradebook.db'}"
+
+    def released(self, slug: str) -> nbformat.NotebookNode:
+        return nbformat.read(self.root / "course" / slug / f"{slug}.ipynb", as_version=4)
+
+    def submit(self, student: str, slug: str, answers: dict[str, str] | None) -> None:
+        """Submit the released notebook with `answers` {answer_id: source} filled in
+        (None: submit it untouched)."""
+        nb = self.released(slug)
+        for cell in nb.cells:
+            grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+            if answers is not None and grade_id in answers:
+                cell.source = answers[grade_id]
+        folder = self.root / "submitted" / student / slug
+        folder.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, folder / f"{slug}.ipynb")
+
+    def autograde(self, slug: str) -> subprocess.CompletedProcess:
+        """Stock `nbgrader autograde`, as an instructor runs it from the course root."""
+        nbgrader = Path(sys.executable).with_name("nbgrader")
+        return subprocess.run(
+            [str(nbgrader), "autograde", slug, "--force"],
+            cwd=self.root, capture_output=True, text=True, timeout=1800,
+        )
+
+    def scores(self, slug: str, student: str) -> dict[str, tuple[float, float]]:
+        """{grade_id: (score, max_score)} of every graded cell of a submission."""
+        with Gradebook(self.db_url) as gradebook:
+            notebook = gradebook.find_submission_notebook(slug, slug, student)
+            return {g.name: (g.score, g.max_score) for g in notebook.grades if g.cell.cell_type == "code"}
