@@ -186,22 +186,28 @@ def _compare_second(spec, target: str, want, got, shown) -> None:
         got.cpu(), want.cpu(), rtol=spec.rtol, atol=spec.atol
     ):
         return
-    untracked = _is_zero(got)
+    if _is_zero(got) and target == "grad_output":
+        cause = (
+            "the gradient of your gradient with respect to grad_output is missing. Backward is "
+            "linear in grad_output, so this derivative is the backward formula itself: if your "
+            "backward is a Function of its own (like CubeBackward), its backward must return it."
+        )
+    elif _is_zero(got):
+        cause = (
+            "your backward is not differentiable by autograd: it uses values autograd cannot "
+            "track (an intermediate saved in forward, a tensor stored on ctx, `.detach()`, "
+            "numpy or `@once_differentiable`). Compute the gradient with differentiable torch "
+            "operations from saved inputs or outputs."
+        )
+    else:
+        cause = "the derivative of your backward formula is wrong (check the backward of your backward)."
     fail(
         f"{spec.name}: double backward is wrong: the gradient of your gradient with respect "
         f"to {target} differs from the reference.",
         *shown,
         f"expected {show(want)}",
         f"actual   {show(got) if got is not None else 'zero (not connected to the graph)'}",
-        cause=(
-            "your backward is not differentiable by autograd: it uses values autograd cannot "
-            "track (an intermediate saved in forward, a tensor stored on ctx, `.detach()`, "
-            "numpy or `@once_differentiable`). Compute the gradient with differentiable torch "
-            "operations from saved inputs or outputs."
-            if untracked
-            else "the backward's formula is differentiable but wrong as a function of the inputs "
-            "or of grad_output."
-        ),
+        cause=cause,
     )
 
 
