@@ -1,0 +1,307 @@
+"""Checks for notebook 07_double_backward."""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import replace
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from ..checks import devices, explain, inputs, probe
+from ..checks.functions import FunctionSpec, check_function
+from ..checks.report import fail, note, passed, quiet, show
+
+
+def _uniform_cases(shapes: Sequence[Sequence[int]], low: float = -2.0, high: float = 2.0):
+    def cases(generator: torch.Generator) -> list[tuple]:
+        return [(inputs.uniform(shape, generator, low, high),) for shape in shapes]
+
+    return cases
+
+
+@contextlib.contextmanager
+def _second_order_keeps_graph() -> Iterator[None]:
+    """Work around probe._second_order, which differentiates without retain_graph=True.
+
+    Its double backward frees the forward graph whenever it runs through a node that saved
+    an output (torch.exp, a Function saving its output), and the next first-order pass of
+    the probe then fails with "backward through the graph a second time". Remove this once
+    probe._second_order passes retain_graph=True.
+    """
+
+    def second_order(grads, grad_grads, wrt):
+        tracked = [(g, u) for g, u in zip(grads, grad_grads) if g is not None and g.requires_grad]
+        if not tracked:
+            return [None] * len(wrt)
+        grads2 = torch.autograd.grad(
+            [g for g, _ in tracked], wrt, [u for _, u in tracked], allow_unused=True, retain_graph=True
+        )
+        return [None if g is None else g.detach() for g in grads2]
+
+    original, probe._second_order = probe._second_order, second_order
+    try:
+        yield
+    finally:
+        probe._second_order = original
+
+
+def _check(student: Any, spec: FunctionSpec, seed: int | None) -> None:
+    __tracebackhide__ = True
+    with _second_order_keeps_graph():
+        check_function(student, spec, seed=seed)
+
+
+# --- Sinh with a backward autograd can differentiate ---------------------------------------
+
+SINH = FunctionSpec(
+    name="SinhFixed", reference=torch.sinh, cases=_uniform_cases([(5,), (2, 3)]), double_backward=True
+)
+
+
+def check_sinh(student: Any, *, shapes: Sequence[Sequence[int]] = ((5,), (2, 3)), seed: int | None = 0) -> None:
+    """sinh(x) with one output, whose gradient autograd can differentiate again."""
+    __tracebackhide__ = True
+    _check(student, replace(SINH, cases=_uniform_cases(shapes)), seed)
+
+
+# --- CubeBackward: the backward of a backward autograd cannot see ---------------------------
+
+def _cube_backward_hint(args: tuple, i: int, wrong: torch.Tensor) -> str | None:
+    if i == 0:
+        return (
+            "CubeBackward computes grad_out * 3x², so the gradient it returns for `grad_out` "
+            "is the incoming gradient times 3x²."
+        )
+    return (
+        "CubeBackward computes grad_out * 3x², so the gradient it returns for `x` is the "
+        "incoming gradient times grad_out * 6x (the saved grad_out, not the incoming gradient)."
+    )
+
+
+def _cube_backward_cases(shapes: Sequence[Sequence[int]]):
+    def cases(generator: torch.Generator) -> list[tuple]:
+        return [(inputs.normal(shape, generator), inputs.uniform(shape, generator)) for shape in shapes]
+
+    return cases
+
+
+CUBE_BACKWARD = FunctionSpec(
+    name="CubeBackward",
+    reference=lambda grad_out, x: grad_out * 3 * x**2,
+    cases=_cube_backward_cases([(5,), (2, 3)]),
+    hint=_cube_backward_hint,
+)
+CUBE = FunctionSpec(
+    name="Cube (its backward calls your CubeBackward)",
+    reference=lambda x: x**3,
+    cases=_uniform_cases([(5,), (2, 3)]),
+    double_backward=True,
+)
+
+
+def cube_with(cube_backward: type[torch.autograd.Function]) -> type[torch.autograd.Function]:
+    """The notebook's Cube, whose backward is `cube_backward.apply(grad_out, x)`."""
+
+    class Cube(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x**3
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            (x,) = ctx.saved_tensors
+            return cube_backward.apply(grad_out, x)
+
+    return Cube
+
+
+def check_cube_backward(
+    student: type[torch.autograd.Function],
+    *,
+    shapes: Sequence[Sequence[int]] = ((5,), (2, 3)),
+    seed: int | None = 0,
+) -> None:
+    """CubeBackward(grad_out, x) = grad_out * 3x², with both gradients; then Cube through it."""
+    __tracebackhide__ = True
+    _check(student, replace(CUBE_BACKWARD, cases=_cube_backward_cases(shapes)), seed)
+    _check(cube_with(student), replace(CUBE, cases=_uniform_cases(shapes)), seed)
+
+
+# --- Hessian-vector products ---------------------------------------------------------------
+
+class _CubeBackward(torch.autograd.Function):
+    """grad_out * 3x² as a Function of its own: counts how often it is differentiated."""
+
+    calls = 0
+
+    @staticmethod
+    def forward(ctx, grad_out, x):
+        ctx.save_for_backward(grad_out, x)
+        return grad_out * 3 * x**2
+
+    @staticmethod
+    def backward(ctx, grad):
+        _CubeBackward.calls += 1
+        grad_out, x = ctx.saved_tensors
+        return grad * 3 * x**2, grad * grad_out * 6 * x
+
+
+_Cube = cube_with(_CubeBackward)
+
+Scalar = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _hvp_functions(n: int, generator: torch.Generator) -> list[tuple[str, Scalar]]:
+    """(description, f) pairs of scalar functions of x; A and W are fixed random matrices."""
+    a = inputs.normal((n, n), generator)
+    w = inputs.normal((3, n), generator)
+    return [
+        ("f(x) = (x.sin() * x).sum()", lambda x: (x.sin() * x).sum()),
+        ("f(x) = x·A·x / 2 + (x**4).sum(), A not symmetric",
+         lambda x: x.flatten() @ a @ x.flatten() / 2 + (x**4).sum()),
+        ("f(x) = torch.logsumexp(W @ x, 0)", lambda x: torch.logsumexp(w @ x.flatten(), 0)),
+        ("f(x) = Cube.apply(x).sin().sum(), Cube a custom Function", lambda x: _Cube.apply(x).sin().sum()),
+    ]
+
+
+def _reference(f: Scalar, x: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(H v, H·ones, gradient) from the full Hessian: a slow but independent oracle."""
+    n = x.numel()
+    h = torch.autograd.functional.hessian(f, x).reshape(n, n)
+    x_ = x.detach().requires_grad_()
+    (g,) = torch.autograd.grad(f(x_), x_)
+    return (h @ v.flatten()).reshape(x.shape), h.sum(1).reshape(x.shape), g
+
+
+def _hvp_error(exc: Exception, f_had_graph: bool) -> tuple[str, str | None]:
+    message = str(exc)
+    first = message.strip().splitlines()[0] if message.strip() else type(exc).__name__
+    what = f"hvp raised {type(exc).__name__}: {first}"
+    if isinstance(exc, NotImplementedError):
+        return "hvp raised NotImplementedError", explain.NOT_IMPLEMENTED
+    if "does not require grad and does not have a grad_fn" in message and not f_had_graph:
+        return what, (
+            "f(x) has no graph because `x` does not require grad: differentiate with respect "
+            "to a copy that does, `x = x.detach().requires_grad_()`."
+        )
+    if "does not require grad and does not have a grad_fn" in message:
+        return what, (
+            "the gradient you differentiate the second time has no graph: compute it with "
+            "`torch.autograd.grad(..., create_graph=True)` and do not detach it."
+        )
+    if "One of the differentiated Tensors does not require grad" in message:
+        return what, (
+            "`x` does not require grad: differentiate with respect to a copy that does, "
+            "`x = x.detach().requires_grad_()`."
+        )
+    if "setup_context" in message:
+        return what, (
+            "f contains a classic autograd.Function, which torch.func cannot transform "
+            "(notebook 10): use torch.autograd.grad twice."
+        )
+    return what, None
+
+
+def _hvp_cause(actual, want, ones, grad, *, rtol: float, atol: float) -> str | None:
+    def close(a, b):
+        return bool(torch.allclose(a, b, rtol=rtol, atol=atol))
+
+    if close(actual, ones):
+        return (
+            "this is H times a vector of ones: the second backward must use v as its "
+            "grad_outputs, `torch.autograd.grad(g, x, grad_outputs=v)` (not `g.sum()`)."
+        )
+    if close(actual, grad):
+        return "this is the gradient of f, not H v: differentiate the gradient once more, with v."
+    if close(actual, grad + want):
+        return (
+            "this is the gradient plus H v: `.backward()` adds into `x.grad`, so both backward "
+            "passes landed there. Use torch.autograd.grad, which returns the gradients instead."
+        )
+    return explain.gradient_cause(want, actual, None, rtol=rtol, atol=atol)
+
+
+def _check_hvp_once(hvp, label: str, f: Scalar, x: torch.Tensor, v: torch.Tensor, rtol: float, atol: float) -> None:
+    __tracebackhide__ = True
+    want, ones, grad = _reference(f, x, v)
+    before, requires_grad = x.detach().clone(), x.requires_grad
+    shown = [label, f"x = {show(x)}", f"v = {show(v)}"]
+    values = []  # what f returned to the student's code
+
+    def traced(x):
+        values.append(f(x))
+        return values[-1]
+
+    _CubeBackward.calls = 0
+    try:
+        actual = hvp(traced, x, v)
+    except Exception as exc:  # the student's code may raise anything
+        what, cause = _hvp_error(exc, f_had_graph=all(y.requires_grad for y in values))
+        fail(f"{what}.", *shown, cause=cause)
+    if x.requires_grad != requires_grad or x.grad is not None or not torch.equal(x.detach(), before):
+        fail(
+            "hvp changed the caller's x (its requires_grad, its .grad or its values).", *shown,
+            cause="work on a copy: `x = x.detach().requires_grad_()` at the start of hvp.",
+        )
+    if not isinstance(actual, torch.Tensor) or actual.shape != x.shape:
+        got = f"shape {tuple(actual.shape)}" if isinstance(actual, torch.Tensor) else type(actual).__name__
+        fail(f"hvp must return a tensor of the shape of x, {tuple(x.shape)}; got {got}.", *shown)
+    actual = actual.detach().to(want.device, want.dtype)
+    if not torch.allclose(actual, want, rtol=rtol, atol=atol):
+        fail(
+            "hvp(f, x, v) differs from H v.", *shown, f"expected {show(want)}", f"actual   {show(actual)}",
+            explain.mismatch(want.cpu(), actual.cpu(), rtol=rtol, atol=atol),
+            cause=_hvp_cause(actual, want, ones, grad, rtol=rtol, atol=atol),
+        )
+    if _CubeBackward.calls > 2:
+        fail(
+            f"hvp differentiated the gradient of f {_CubeBackward.calls} times for an x of "
+            f"{x.numel()} elements: it builds the whole Hessian, one backward pass per entry.",
+            *shown,
+            cause="an HVP needs two backward passes whatever the size of x: the gradient with "
+            "create_graph=True, then one backward of that gradient with v as grad_outputs.",
+        )
+
+
+def check_hvp(
+    hvp: Callable[[Scalar, torch.Tensor, torch.Tensor], torch.Tensor],
+    *,
+    shapes: Sequence[Sequence[int]] = ((5,),),
+    x_requires_grad: bool = False,
+    seed: int | None = 0,
+    rtol: float = 1e-6,
+    atol: float = 1e-9,
+) -> None:
+    """hvp(f, x, v) = H(x) v for scalar functions f (some built from custom Functions)."""
+    __tracebackhide__ = True
+    generator = torch.Generator()
+    generator.manual_seed(torch.seed() if seed is None else seed)
+    count = 0
+    with quiet():
+        for shape in shapes:
+            functions = _hvp_functions(math.prod(shape), generator)
+            x = inputs.uniform(shape, generator, -1.5, 1.5)
+            v = inputs.normal(shape, generator)
+            for device in devices.available():
+                for label, f in functions:
+                    x_ = x.to(device).clone().requires_grad_(x_requires_grad)
+                    _check_hvp_once(hvp, label, f, x_, v.to(device), rtol, atol)
+                    count += 1
+    passed(
+        f"hvp: H v agrees with the full Hessian for {count} function(s), without building the "
+        f"Hessian, and leaves x untouched (float64, {', '.join(devices.available())})."
+    )
+    if "cuda" not in devices.available():
+        note(devices.NO_CUDA)
+
+
+# --- Reading the graphs --------------------------------------------------------------------
+
+GRAPH_QUESTIONS = "abcdefgh"
+GRAPH_CHOICES = (
+    "x", "out", "grad_x", "grad_out", "None",
+    "AccumulateGrad", "MulBackward0", "SquareBackward", "ExpBackward", "CubeBackward", "CubeBackwardBackward",
+    "0", "1", "2", "3",
+)

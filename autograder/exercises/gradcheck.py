@@ -1,0 +1,751 @@
+"""Checks for notebook 05_gradcheck.
+
+Jacobians are in gradcheck's layout: `J[i][j]` is the Jacobian of output i with respect
+to input j, a 2-D tensor with one row per entry of input j and one column per entry of
+output i (both flattened), so `J[i][j][r, c]` = d output_i[c] / d input_j[r].
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from torch.autograd.gradcheck import GradcheckError
+
+from ..checks import devices, explain
+from ..checks.functions import FunctionSpec, check_function
+from ..checks.report import fail, note, passed, quiet, show
+
+Jacobians = list[list[torch.Tensor]]
+
+
+# --- Reference Jacobians, computed as torch's gradcheck computes them -------------------
+
+def outputs_of(result: Any) -> tuple[torch.Tensor, ...]:
+    return tuple(result) if isinstance(result, (tuple, list)) else (result,)
+
+
+def _empty_jacobians(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> Jacobians:
+    return [[x.new_zeros(x.numel(), o.numel()) for x in inputs] for o in outputs]
+
+
+def _differences(f: Callable, inputs: Sequence[torch.Tensor], eps: float, *, central: bool) -> Jacobians:
+    """Finite differences, one input entry at a time: row r of J[i][j] perturbs input_j[r]."""
+    inputs = [x.detach().clone(memory_format=torch.contiguous_format) for x in inputs]
+    with torch.no_grad():
+        base = outputs_of(f(*inputs))
+        J = _empty_jacobians(inputs, base)
+        for j, x in enumerate(inputs):
+            flat = x.view(-1)
+            for r in range(flat.numel()):
+                original = flat[r].item()
+                flat[r] = original + eps
+                plus = outputs_of(f(*inputs))
+                flat[r] = original - eps
+                minus = outputs_of(f(*inputs)) if central else base
+                flat[r] = original
+                for i, (p, m) in enumerate(zip(plus, minus)):
+                    J[i][j][r] = ((p - m) / (2 * eps if central else eps)).reshape(-1)
+    return J
+
+
+def numerical_jacobian(f: Callable, inputs: Sequence[torch.Tensor], eps: float = 1e-6) -> Jacobians:
+    """Central differences, as gradcheck computes them."""
+    return _differences(f, inputs, eps, central=True)
+
+
+def analytical_jacobian(f: Callable, inputs: Sequence[torch.Tensor]) -> Jacobians:
+    """From backward: column c of J[i][j] is the gradient of output_i[c] (a one-hot grad_output)."""
+    inputs = [x.detach().requires_grad_() for x in inputs]
+    outputs = outputs_of(f(*inputs))
+    J = _empty_jacobians(inputs, outputs)
+    for i, out in enumerate(outputs):
+        for c in range(out.numel()):
+            one_hot = torch.zeros(out.numel(), dtype=out.dtype, device=out.device)
+            one_hot[c] = 1
+            grads = torch.autograd.grad(out, inputs, one_hot.view_as(out), retain_graph=True, allow_unused=True)
+            for j, g in enumerate(grads):
+                if g is not None:
+                    J[i][j][:, c] = g.reshape(-1)
+    return J
+
+
+# --- Functions the checks differentiate ----------------------------------------------------
+
+class _OneWrongEntry(torch.autograd.Function):
+    """(2 x, x @ w), whose backward is wrong in one entry of d(x @ w)/dw: J[1][1][row, col]."""
+
+    @staticmethod
+    def forward(ctx, x, w, row, col):
+        ctx.save_for_backward(x, w)
+        ctx.row, ctx.col = row, col
+        return 2 * x, x @ w
+
+    @staticmethod
+    def backward(ctx, grad_double, grad_product):
+        x, w = ctx.saved_tensors
+        grad_w = x.T @ grad_product
+        grad_w.view(-1)[ctx.row] += 0.5 * grad_product.reshape(-1)[ctx.col]
+        return 2 * grad_double + grad_product @ w.T, grad_w, None, None
+
+
+def _elementwise(name: str, forward: Callable, derivative: Callable, *, chain_rule: bool = True):
+    """An elementwise Function: forward(x), and a backward that returns
+    grad_output * derivative(x) (or, without the chain rule, derivative(x) alone)."""
+
+    class Elementwise(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return forward(x)
+
+        @staticmethod
+        def backward(ctx, grad_output):
+            (x,) = ctx.saved_tensors
+            return grad_output * derivative(x) if chain_rule else derivative(x)
+
+    Elementwise.__name__ = Elementwise.__qualname__ = name
+    return Elementwise
+
+
+def _tanh_derivative(x: torch.Tensor) -> torch.Tensor:
+    return 1 - x.tanh() ** 2
+
+
+_TANH_IGNORES_GRAD_OUTPUT = _elementwise("TanhIgnoresGradOutput", torch.tanh, _tanh_derivative, chain_rule=False)
+_TANH_OFF_BY = {
+    k: _elementwise(f"TanhOffBy{k:g}", torch.tanh, lambda x, k=k: _tanh_derivative(x) * (1 + k)) for k in (5e-4, 5e-3)
+}
+_BACKWARD_DOUBLES = _elementwise("ExpWithDoubledBackward", torch.exp, lambda x: 2 * x.exp())
+
+
+@dataclass(frozen=True)
+class Case:
+    """A function of float64 tensors the checks differentiate, described for messages."""
+
+    name: str
+    f: Callable
+    inputs: tuple[torch.Tensor, ...]
+    options: dict = field(default_factory=dict)  # eps, atol, rtol for mini_gradcheck
+    cause: str | None = None  # the likely mistake when a verdict differs from torch's
+
+    def on(self, device: str) -> "Case":
+        moved = tuple(x.to(device).requires_grad_() for x in self.inputs)
+        return Case(self.name, self.f, moved, self.options, self.cause)
+
+    def describe(self) -> list[str]:
+        return [f"{self.name}, inputs: " + ", ".join(show(x) for x in self.inputs)]
+
+
+def _uniform(generator: torch.Generator, *shape: int, low: float = -1.0, high: float = 1.0) -> torch.Tensor:
+    return low + (high - low) * torch.rand(shape, generator=generator, dtype=torch.float64)
+
+
+def _jacobian_cases(generator: torch.Generator) -> list[Case]:
+    """Elementwise, matmul, a triangular (square, not symmetric) Jacobian, two outputs,
+    and a Function whose backward is wrong (finite differences must not use it)."""
+    g = generator
+    return [
+        Case("exp(1.5 * x)", lambda x: (1.5 * x).exp(), (_uniform(g, 2, 3),)),
+        Case("x @ w", lambda x, w: x @ w, (_uniform(g, 2, 3), _uniform(g, 3, 2))),
+        Case("sin(x).cumsum(0)", lambda x: x.sin().cumsum(0), (_uniform(g, 4),)),
+        Case("(x * y, (x - y).pow(2).sum())", lambda x, y: (x * y, (x - y).pow(2).sum()),
+             (_uniform(g, 3), _uniform(g, 3))),
+        Case("ExpWithDoubledBackward (a Function whose backward is wrong)", _BACKWARD_DOUBLES.apply, (_uniform(g, 3),)),
+    ]
+
+
+# --- Running the student's code --------------------------------------------------------
+
+def _call(label: str, student: Callable, *args: Any, **kwargs: Any) -> Any:
+    """Call student code quietly; turn an unexpected exception into a readable failure."""
+    __tracebackhide__ = True
+    try:
+        with quiet():
+            return student(*args, **kwargs)
+    except Exception as exc:  # the student's code may raise anything
+        what, cause = explain.error("the call", type(exc).__name__, str(exc), [])
+        if "does not require grad" in str(exc) or "appears to not have been used" in str(exc):
+            cause = ("an output that does not depend on an input gives no gradient: pass "
+                     "`allow_unused=True` to torch.autograd.grad and treat None as zeros.")
+        fail(f"{label}: {what.replace('the call', 'it')}.", cause=cause)
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float) -> bool:
+    return a.shape == b.shape and bool(torch.allclose(a, b, rtol=rtol, atol=atol))
+
+
+def _compare_jacobians(
+    label: str,
+    actual: Any,
+    expected: Jacobians,
+    case: Case,
+    candidates: dict[str, Callable[[], Jacobians]],
+    *,
+    rtol: float,
+    atol: float,
+) -> None:
+    """Fail on the first J[i][j] that differs; name the known mistake whose result it matches."""
+    __tracebackhide__ = True
+    n_out, n_in = len(expected), len(expected[0])
+    shown = case.describe()
+    if not isinstance(actual, (list, tuple)) or len(actual) != n_out or any(
+        not isinstance(row, (list, tuple)) or len(row) != n_in for row in actual
+    ):
+        fail(f"{label} must return J with J[i][j] for {n_out} output(s) i and {n_in} input(s) j "
+             f"(a list of lists), got {show(actual)}.", *shown)
+    for i, j in ((i, j) for i in range(n_out) for j in range(n_in)):
+        got, want = actual[i][j], expected[i][j]
+        where = f"J[{i}][{j}] (output {i} with respect to input {j})"
+        if not isinstance(got, torch.Tensor):
+            fail(f"{label}: {where} is {type(got).__name__}, not a tensor.", *shown)
+        if got.shape != want.shape:
+            transposed = tuple(got.shape) == tuple(want.shape)[::-1]
+            fail(
+                f"{label}: {where} has shape {tuple(got.shape)}, expected {tuple(want.shape)}: one row "
+                f"per entry of input {j}, one column per entry of output {i}.", *shown,
+                cause="the Jacobian is transposed: gradcheck's layout has inputs along the rows "
+                "(the transpose of torch.autograd.functional.jacobian)." if transposed else None,
+            )
+        if got.dtype != torch.float64:
+            fail(f"{label}: {where} has dtype {got.dtype}, expected torch.float64.", *shown,
+                 cause="finite differences need float64: in float32 their rounding error at eps=1e-6 "
+                 "is about 10% (create the Jacobian with dtype=torch.float64, never convert the inputs).")
+        got = got.detach().cpu()
+        if not _close(got, want, rtol, atol):
+            fail(
+                f"{label}: {where} is wrong.", *shown, f"expected {show(want)}", f"actual   {show(got)}",
+                explain.mismatch(want, got, rtol=rtol, atol=atol),
+                cause=_known_mistake(actual, candidates, rtol=rtol, atol=atol),
+            )
+
+
+def _known_mistake(actual: Any, candidates: dict[str, Callable[[], Any]], *, rtol: float, atol: float) -> str | None:
+    """The first known mistake whose result all of `actual` matches."""
+    for cause, compute in candidates.items():
+        if _same_values(actual, compute(), rtol=rtol, atol=atol):
+            return cause
+    return None
+
+
+def _same_values(actual: Any, candidate: Any, *, rtol: float, atol: float) -> bool:
+    if isinstance(candidate, torch.Tensor):
+        return isinstance(actual, torch.Tensor) and _close(actual.detach().cpu().double(), candidate.cpu(), rtol, atol)
+    if isinstance(candidate, (list, tuple)):
+        return (isinstance(actual, (list, tuple)) and len(actual) == len(candidate)
+                and all(_same_values(a, c, rtol=rtol, atol=atol) for a, c in zip(actual, candidate)))
+    return isinstance(actual, (int, float)) and abs(actual - candidate) <= atol + rtol * abs(candidate)
+
+
+def _seeded(seed: int | None) -> torch.Generator:
+    generator = torch.Generator()
+    generator.manual_seed(torch.seed() if seed is None else seed)
+    return generator
+
+
+def _devices_note() -> None:
+    if "cuda" not in devices.available():
+        note(devices.NO_CUDA)
+
+
+# --- Exercise 5.1: numerical_jacobian -------------------------------------------------------
+
+# Central differences of float64 values agree with torch's to rounding (~1e-10 of |J|);
+# a forward difference at eps=1e-3, float32 values or a wrong eps are far outside.
+_NUMERICAL_RTOL, _NUMERICAL_ATOL = 1e-8, 1e-9
+
+
+def _numerical_mistakes(case: Case, eps: float) -> dict[str, Callable[[], Jacobians]]:
+    f, xs = case.f, case.inputs
+
+    def scaled(k: float) -> Jacobians:
+        return [[k * t for t in row] for row in numerical_jacobian(f, xs, eps)]
+
+    return {
+        "this is the forward difference (f(x + eps) - f(x)) / eps, whose error is O(eps); the central "
+        "difference (f(x + eps) - f(x - eps)) / (2 * eps) has error O(eps**2).":
+            lambda: _differences(f, xs, eps, central=False),
+        "the values are twice the central difference: the two points are 2 * eps apart, so divide by 2 * eps.":
+            lambda: scaled(2.0),
+        "the values are half the central difference: divide by 2 * eps, not 4 * eps (or perturb by eps, not eps / 2).":
+            lambda: scaled(0.5),
+        "the values are the central difference at eps=1e-6, not at the `eps` you were given.":
+            lambda: numerical_jacobian(f, xs, 1e-6),
+        "the values come from backward (autograd), not from finite differences: a numerical Jacobian "
+        "must only call f, so that it can check a wrong backward.":
+            lambda: analytical_jacobian(f, xs),
+        "f was evaluated in float32: its rounding error, divided by eps, swamps the derivative.":
+            lambda: [[t.double() for t in row] for row in numerical_jacobian(f, [x.float() for x in xs], eps)],
+    }
+
+
+def check_numerical_jacobian(
+    student: Callable, *, eps: Sequence[float] = (1e-6, 1e-3), seed: int | None = 0,
+) -> None:
+    """numerical_jacobian(f, inputs, eps) must equal torch's central differences, in gradcheck's layout."""
+    __tracebackhide__ = True
+    cases = _jacobian_cases(_seeded(seed))
+    for device in devices.available():
+        for case in (c.on(device) for c in cases):
+            for e in eps:
+                label = f"numerical_jacobian(f, inputs, eps={e:g}) for f = {case.name}"
+                before = [x.detach().clone() for x in case.inputs]
+                actual = _call(label, student, case.f, case.inputs, e)
+                _check_unchanged(label, case, before)
+                _compare_jacobians(
+                    label, actual, numerical_jacobian(case.f, case.inputs, e), case, _numerical_mistakes(case, e),
+                    rtol=_NUMERICAL_RTOL, atol=_NUMERICAL_ATOL,
+                )
+    passed(
+        f"numerical_jacobian agrees with torch's central differences on {len(cases)} functions "
+        f"(elementwise, matmul, triangular, two outputs, a wrong backward) at eps = "
+        f"{', '.join(f'{e:g}' for e in eps)} (float64, {', '.join(devices.available())})."
+    )
+    _devices_note()
+
+
+def _check_unchanged(label: str, case: Case, before: list[torch.Tensor]) -> None:
+    __tracebackhide__ = True
+    for j, (x, b) in enumerate(zip(case.inputs, before)):
+        if not torch.equal(x.detach(), b):
+            fail(f"{label} changed input {j} of the caller.", f"before {show(b)}", f"after  {show(x)}",
+                 cause="perturb a copy (`x.detach().clone()`), or put every entry back after perturbing it.")
+
+
+# --- Exercise 5.2: analytical_jacobian and mini_gradcheck ------------------------------
+
+_ANALYTICAL_RTOL, _ANALYTICAL_ATOL = 1e-9, 1e-12
+
+
+def _analytical_mistakes(case: Case) -> dict[str, Callable[[], Jacobians]]:
+    f, xs = case.f, case.inputs
+
+    def summed() -> Jacobians:  # every column is backward with grad_output = ones
+        J = analytical_jacobian(lambda *a: tuple(o.sum() for o in outputs_of(f(*a))), xs)
+        expected = analytical_jacobian(f, xs)
+        return [[t.expand_as(e) for t, e in zip(row, erow)] for row, erow in zip(J, expected)]
+
+    return {
+        "the values are the finite differences, not backward's: build the analytical Jacobian from "
+        "torch.autograd.grad, so that a wrong backward shows.": lambda: numerical_jacobian(f, xs),
+        "every column is the same: use a one-hot grad_output per output entry (column c: a 1 at entry c), "
+        "not torch.ones_like(output).": summed,
+    }
+
+
+def _mini_gradcheck_cases(generator: torch.Generator) -> list[Case]:
+    g = generator
+    x, w = _uniform(g, 2, 3), _uniform(g, 3, 2)
+    row, col = int(torch.randint(6, (), generator=g)), int(torch.randint(4, (), generator=g))
+    tolerance = ("an entry passes when |analytical - numerical| <= atol + rtol * |numerical| "
+                 "(torch.allclose(analytical, numerical, rtol=rtol, atol=atol)).")
+    return [
+        Case("tanh(x)", torch.tanh, (_uniform(g, 2, 3),)),
+        Case("x @ w", lambda x, w: x @ w, (x, w)),
+        Case("(sin(x), x * y) (output 0 does not depend on y)", lambda x, y: (x.sin(), x * y),
+             (_uniform(g, 3), _uniform(g, 3)),
+             cause="where an output does not depend on an input, its Jacobian block is zero."),
+        Case("exp(x) with tight tolerances", torch.exp, (_uniform(g, 3, 4),), {"atol": 1e-8, "rtol": 1e-8},
+             cause="compare in float64 (float32 Jacobians are off by about 1e-7 of their size) and pass "
+             "atol and rtol on to the comparison."),
+        Case(f"OneWrongEntry: (2 x, x @ w) whose backward is wrong at J[1][1][{row}, {col}]",
+             lambda x, w: _OneWrongEntry.apply(x, w, row, col), (x.clone(), w.clone()),
+             cause="compare every entry of every (output, input) pair."),
+        Case("tanh(x) whose backward ignores grad_output", _TANH_IGNORES_GRAD_OUTPUT.apply, (_uniform(g, 3),),
+             cause="compare every entry of every (output, input) pair, off-diagonal ones too."),
+        Case("tanh(x) whose backward is 0.05% too large (inside rtol)", _TANH_OFF_BY[5e-4].apply,
+             (_uniform(g, 4),), cause=tolerance),
+        Case("tanh(x) whose backward is 0.5% too large (outside rtol)", _TANH_OFF_BY[5e-3].apply,
+             (_uniform(g, 4),), cause=tolerance),
+        Case("exp(2 x) at eps=0.1 (truncation error fails it)", lambda x: (2 * x).exp(), (_uniform(g, 3),),
+             {"eps": 0.1}, cause="pass `eps` on to numerical_jacobian."),
+    ]
+
+
+def _torch_verdict(case: Case) -> str | None:
+    """None when torch's gradcheck passes, else the first line of its message."""
+    options = {"eps": 1e-6, "atol": 1e-5, "rtol": 1e-3, **case.options}
+    with quiet():
+        try:
+            torch.autograd.gradcheck(case.f, case.inputs, **options)
+        except GradcheckError as exc:
+            return str(exc).strip().splitlines()[0].rstrip(",")
+    return None
+
+
+@contextlib.contextmanager
+def _reference_numerical_jacobian(function: Callable) -> Iterator[None]:
+    """Let the student's mini_gradcheck use the reference numerical_jacobian while it is
+    checked, so that exercise 5.2 is graded independently of exercise 5.1."""
+    namespace = getattr(function, "__globals__", {})
+    missing = object()
+    saved = namespace.get("numerical_jacobian", missing)
+    if saved is not missing:
+        namespace["numerical_jacobian"] = numerical_jacobian
+    try:
+        yield
+    finally:
+        if saved is not missing:
+            namespace["numerical_jacobian"] = saved
+
+
+def check_mini_gradcheck(mini_gradcheck: Callable, analytical: Callable, *, seed: int | None = 0) -> None:
+    """analytical_jacobian must equal backward's Jacobian; mini_gradcheck must agree with
+    torch.autograd.gradcheck and, on a mismatch, raise an exception naming the entry."""
+    __tracebackhide__ = True
+    generator = _seeded(seed)
+    cases = _mini_gradcheck_cases(generator)
+    for device in devices.available():
+        for case in (c.on(device) for c in cases[:5]):
+            label = f"analytical_jacobian(f, inputs) for f = {case.name}"
+            actual = _call(label, analytical, case.f, case.inputs)
+            _compare_jacobians(label, actual, analytical_jacobian(case.f, case.inputs), case,
+                               _analytical_mistakes(case), rtol=_ANALYTICAL_RTOL, atol=_ANALYTICAL_ATOL)
+        with _reference_numerical_jacobian(mini_gradcheck):
+            for case in (c.on(device) for c in cases):
+                _check_verdict(mini_gradcheck, case)
+            _check_refuses_float32(mini_gradcheck, cases[0])
+    passed(f"analytical_jacobian agrees with backward on 5 functions (float64, {', '.join(devices.available())}).")
+    passed(
+        f"mini_gradcheck agrees with torch.autograd.gradcheck on {len(cases)} functions, names the "
+        "offending entry, and refuses float32 inputs."
+    )
+    note("(checked with the reference numerical_jacobian, so this exercise is graded on its own)")
+    _devices_note()
+
+
+def _options_text(options: dict) -> str:
+    return "".join(f", {k}={v:g}" for k, v in options.items())
+
+
+def _check_verdict(mini_gradcheck: Callable, case: Case) -> None:
+    __tracebackhide__ = True
+    label = f"mini_gradcheck(f, inputs{_options_text(case.options)}) for f = {case.name}"
+    expected = _torch_verdict(case)
+    try:
+        with quiet():
+            result = mini_gradcheck(case.f, case.inputs, **case.options)
+    except Exception as exc:  # the student's code may raise anything
+        if not _is_mismatch_report(exc):
+            if isinstance(exc, NotImplementedError):
+                fail(f"{label}: {explain.NOT_IMPLEMENTED}.")
+            fail(
+                f"{label} raised {type(exc).__name__}: {str(exc).strip()[:300]}", *case.describe(),
+                f"torch's gradcheck: {expected or 'passes'}",
+                cause="on a mismatch, raise JacobianMismatch(output, input, row, col, numerical, analytical) "
+                "so that the message names the entry; otherwise return True.",
+            )
+        if expected is None:
+            _fail_false_alarm(label, case, exc)
+        _check_report(label, case, exc, expected)
+        return
+    if expected is not None:
+        fail(f"{label} returned {result!r}, but torch's gradcheck fails:", expected, *case.describe(),
+             cause=f"{case.cause or ''} On a mismatch, raise JacobianMismatch naming the entry.".strip())
+    if result is not True:
+        fail(f"{label} returned {result!r}; it must return True when every entry agrees (as gradcheck does).",
+             *case.describe())
+
+
+_REPORT_FIELDS = ("output", "input", "row", "col", "numerical", "analytical")
+
+
+def _is_mismatch_report(exc: BaseException) -> bool:
+    return all(hasattr(exc, name) for name in _REPORT_FIELDS)
+
+
+def _reference_jacobians(case: Case) -> tuple[Jacobians, Jacobians]:
+    return (numerical_jacobian(case.f, case.inputs, case.options.get("eps", 1e-6)),
+            analytical_jacobian(case.f, case.inputs))
+
+
+def _offending(case: Case, n: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """Mask of entries outside torch's tolerance: |a - n| > atol + rtol * |n|."""
+    atol, rtol = case.options.get("atol", 1e-5), case.options.get("rtol", 1e-3)
+    return (a - n).abs() > atol + rtol * n.abs()
+
+
+def _fail_false_alarm(label: str, case: Case, exc: BaseException) -> None:
+    __tracebackhide__ = True
+    fail(f"{label} reports a mismatch, but torch's gradcheck passes:", str(exc).strip(), *case.describe(),
+         cause=case.cause or "an entry passes when |analytical - numerical| <= atol + rtol * |numerical|.")
+
+
+def _check_report(label: str, case: Case, exc: BaseException, expected: str) -> None:
+    """The reported entry must exist, be outside the tolerance, and carry the right values."""
+    __tracebackhide__ = True
+    numerical, analytical = _reference_jacobians(case)
+    i, j, row, col = (getattr(exc, name) for name in _REPORT_FIELDS[:4])
+    context = [f"your report: {str(exc).strip()}", f"torch's gradcheck: {expected}", *case.describe()]
+    valid = (isinstance(i, int) and isinstance(j, int) and 0 <= i < len(numerical) and 0 <= j < len(numerical[0]))
+    if not valid:
+        fail(f"{label}: the report names output {i!r} and input {j!r}, which do not exist.", *context,
+             cause=f"output is the index of the output (0 to {len(numerical) - 1}), input the index "
+             f"of the input (0 to {len(numerical[0]) - 1}).")
+    n, a = numerical[i][j].cpu(), analytical[i][j].cpu()
+    bad = _offending(case, n, a)
+    rows, cols = bad.shape
+    if not (isinstance(row, int) and isinstance(col, int) and 0 <= row < rows and 0 <= col < cols and bad[row, col]):
+        fail(f"{label}: entry ({row}, {col}) of output {i} with respect to input {j} is not an offending entry.",
+             *context, cause=_wrong_entry_cause(case, i, j, row, col, numerical, analytical))
+    for name, reference in (("numerical", n), ("analytical", a)):
+        value = getattr(exc, name)
+        want = reference[row, col].item()
+        if not (isinstance(value, (int, float, torch.Tensor)) and abs(float(value) - want) <= 1e-6 * (1 + abs(want))):
+            fail(f"{label}: the report gives {name} = {value!r} at entry ({row}, {col}); it is {want:.6g}.",
+                 *context, cause=f"report the {name} Jacobian's value at that entry.")
+
+
+def _wrong_entry_cause(case: Case, i: Any, j: Any, row: Any, col: Any, numerical: Jacobians, analytical: Jacobians) -> str:
+    def offending(ii: Any, jj: Any, r: Any, c: Any) -> bool:
+        if not all(isinstance(k, int) for k in (ii, jj, r, c)):
+            return False
+        if not (0 <= ii < len(numerical) and 0 <= jj < len(numerical[0])):
+            return False
+        bad = _offending(case, numerical[ii][jj].cpu(), analytical[ii][jj].cpu())
+        return 0 <= r < bad.shape[0] and 0 <= c < bad.shape[1] and bool(bad[r, c])
+
+    if offending(i, j, col, row):
+        return "row and column are swapped: rows index the input's entries, columns the output's."
+    if offending(j, i, row, col):
+        return "output and input are swapped: J[i][j] is output i with respect to input j."
+    return ("name an entry where |analytical - numerical| > atol + rtol * |numerical|, "
+            "by its row (flat index into the input) and column (flat index into the output).")
+
+
+def _check_refuses_float32(mini_gradcheck: Callable, case: Case) -> None:
+    __tracebackhide__ = True
+    inputs32 = tuple(x.detach().float().requires_grad_() for x in case.inputs)
+    label = f"mini_gradcheck(f, inputs) with float32 inputs, f = {case.name}"
+    try:
+        with quiet():
+            result = mini_gradcheck(case.f, inputs32)
+    except TypeError:
+        return
+    except Exception as exc:  # the student's code may raise anything
+        fail(f"{label} raised {type(exc).__name__}, expected TypeError.",
+             cause="check the dtype of every input first: `raise TypeError(...)` unless it is torch.float64.")
+    fail(f"{label} returned {result!r}; it must raise TypeError.",
+         cause="a float32 check fails correct code (rounding error ~1e-7 / eps) or passes only with "
+         "tolerances loose enough to hide bugs: refuse anything but float64.")
+
+
+# --- Exercise 5.3: reading gradcheck failures ---------------------------------------------
+
+DIAGNOSIS_CHOICES = (
+    "float32", "eps too small", "non-differentiable input", "ignores grad_output", "transposed", "missing term",
+)
+
+
+# --- Exercise 5.4: fixing Functions from their gradcheck messages ------------------------
+
+def _normal_cases(shapes: Sequence[Sequence[int]], count: int) -> Callable[[torch.Generator], list[tuple]]:
+    """One case per shape: `count` standard-normal float64 tensors of that shape."""
+
+    def cases(generator: torch.Generator) -> list[tuple]:
+        return [tuple(torch.randn(tuple(s), generator=generator, dtype=torch.float64) for _ in range(count))
+                for s in shapes]
+
+    return cases
+
+
+def _softmax_hint(args: tuple, i: int, wrong: torch.Tensor) -> str:
+    return ("every output of a row depends on every input of that row, through the normalising sum: "
+            "the gradient needs a term summed over the row (the last dimension), not only grad_output * y.")
+
+
+def _sincos_hint(args: tuple, i: int, wrong: torch.Tensor) -> str:
+    return ("x feeds both outputs, so its gradient adds both paths: grad_sin * d sin(x)/dx + "
+            "grad_cos * d cos(x)/dx, where d cos(x)/dx = -sin(x).")
+
+
+def _lerp_hint(args: tuple, i: int, wrong: torch.Tensor) -> str:
+    formulas = ("1 - weight", "weight", "end - start")
+    names = ("start", "end", "weight")
+    return (f"lerp = start + weight * (end - start), so d lerp / d {names[i]} = {formulas[i]}; "
+            "each gradient is grad_output times its own derivative, returned in the order of forward's inputs.")
+
+
+def _fixed_checker(spec: FunctionSpec, count: int) -> Callable:
+    def check(student: Any, *, shapes: Sequence[Sequence[int]] = ((5,), (3, 4)), seed: int | None = 0) -> None:
+        __tracebackhide__ = True
+        check_function(student, replace(spec, cases=_normal_cases(shapes, count)), seed=seed)
+
+    check.__name__ = f"check_{spec.name.lower()}"
+    check.__doc__ = f"The fixed {spec.name} must match {spec.name}'s reference, gradcheck included."
+    return check
+
+
+check_softmax = _fixed_checker(
+    FunctionSpec("Softmax", lambda x: torch.softmax(x, -1), _normal_cases([(5,)], 1), hint=_softmax_hint), 1)
+check_sincos = _fixed_checker(
+    FunctionSpec("SinCos", lambda x: (x.sin(), x.cos()), _normal_cases([(5,)], 1), hint=_sincos_hint), 1)
+check_lerp = _fixed_checker(FunctionSpec("Lerp", torch.lerp, _normal_cases([(5,)], 3), hint=_lerp_hint), 3)
+
+
+# --- Exercise 5.5: the error of an approximate gradient ------------------------------------
+
+def max_gradient_error(f: Callable, x: torch.Tensor, eps: float = 1e-6) -> tuple[float, float]:
+    """For an elementwise f: the largest |backward - central difference| over the entries of
+    x, and the value of x where it occurs. The Jacobian is diagonal, so one central
+    difference of the whole tensor gives every derivative at once."""
+    x = x.detach()
+    with torch.no_grad():
+        numerical = (f(x + eps) - f(x - eps)) / (2 * eps)
+    analytical, = _grads(f, x)
+    error = (analytical - numerical).abs().reshape(-1)
+    k = int(error.argmax())
+    return error[k].item(), x.reshape(-1)[k].item()
+
+
+def _grads(f: Callable, x: torch.Tensor) -> tuple[torch.Tensor]:
+    x = x.detach().requires_grad_()
+    out = f(x)
+    return torch.autograd.grad(out, x, torch.ones_like(out))
+
+
+@dataclass(frozen=True)
+class Approximation:
+    name: str
+    function: type[torch.autograd.Function]
+    x: torch.Tensor
+    eps: float
+
+
+def _approximations(generator: torch.Generator) -> list[Approximation]:
+    """Elementwise Functions whose backward is the derivative plus a known error."""
+    g = generator
+    softplus = lambda x: torch.nn.functional.softplus(x)  # noqa: E731
+    return [
+        Approximation("exp(x), backward off by -1e-4 / (1 + x^2)",
+                      _elementwise("ApproxExp", torch.exp, lambda x: x.exp() - 1e-4 / (1 + x * x)),
+                      _uniform(g, 400, low=-3.0, high=2.0), 1e-6),
+        Approximation("sin(2x), backward off by 3e-4 * x * sin(5x), x of shape (20, 25)",
+                      _elementwise("ApproxSin2", lambda x: (2 * x).sin(),
+                                   lambda x: 2 * (2 * x).cos() + 3e-4 * x * (5 * x).sin()),
+                      _uniform(g, 20, 25, low=-2.0, high=2.0), 1e-6),
+        Approximation("softplus(x), backward off by 2e-5 * x^2, at eps=1e-4",
+                      _elementwise("ApproxSoftplus", softplus, lambda x: torch.sigmoid(x) + 2e-5 * x * x),
+                      _uniform(g, 300, low=-4.0, high=4.0), 1e-4),
+    ]
+
+
+def _error_mistakes(case: Approximation) -> dict[str, Callable[[], float]]:
+    f, x, eps = case.function.apply, case.x.detach(), case.eps
+    (analytical,) = _grads(f, x)
+
+    def worst(numerical: torch.Tensor, combine: Callable = lambda a, n: (a - n).abs()) -> float:
+        return combine(analytical, numerical).max().item()
+
+    central = (f(x + eps) - f(x - eps)) / (2 * eps)
+    return {
+        "this is the error against the forward difference (f(x + eps) - f(x)) / eps, which is itself off "
+        "by about eps * |f''| / 2: use the central difference.": lambda: worst((f(x + eps) - f(x)) / eps),
+        "the central difference divides by 2 * eps: the two points are 2 * eps apart.":
+            lambda: worst((f(x + eps) - f(x - eps)) / eps),
+        "this is the mean error; state the largest one (a bound).":
+            lambda: (analytical - central).abs().mean().item(),
+        "this is the largest signed difference: take the absolute value first (the error may be negative).":
+            lambda: worst(central, lambda a, n: a - n),
+        "this is the relative error; the question asks for the absolute one, |backward - numerical|.":
+            lambda: worst(central, lambda a, n: (a - n).abs() / n.abs()),
+        "f was evaluated in float32: its rounding error, divided by eps, swamps the approximation error.":
+            lambda: worst(((f(x.float() + eps) - f(x.float() - eps)) / (2 * eps)).double()),
+    }
+
+
+def check_max_gradient_error(student: Callable, *, seed: int | None = 0) -> None:
+    """max_gradient_error(f, x, eps) must return (largest |backward - central difference|, x there)."""
+    __tracebackhide__ = True
+    cases = _approximations(_seeded(seed))
+    for device in devices.available():
+        for case in cases:
+            x = case.x.to(device)
+            label = f"max_gradient_error(f, x, eps={case.eps:g}) for f = {case.name}"
+            result = _call(label, student, case.function.apply, x, case.eps)
+            if not (isinstance(result, tuple) and len(result) == 2):
+                fail(f"{label} must return a tuple (error, where), got {show(result)}.")
+            error, where = (float(v) for v in result)
+            want, _ = max_gradient_error(case.function.apply, x, case.eps)
+            if abs(error - want) > 1e-9 + 1e-6 * want:
+                fail(f"{label}: the error is {error:.6g}, expected {want:.6g}.",
+                     cause=_known_mistake(error, _error_mistakes(case), rtol=1e-6, atol=1e-9))
+            _check_where(label, case, where, want)
+    passed(f"max_gradient_error finds the largest gradient error, and where it is, for {len(cases)} "
+           f"approximate Functions (float64, {', '.join(devices.available())}).")
+    _devices_note()
+
+
+def _check_where(label: str, case: Approximation, where: float, worst: float) -> None:
+    __tracebackhide__ = True
+    f, x, eps = case.function.apply, case.x.detach().cpu(), case.eps
+    at = x.reshape(-1) == where
+    if not bool(at.any()):
+        index_like = float(where).is_integer() and 0 <= where < x.numel()
+        fail(f"{label}: where = {where!r} is not a value of x.",
+             cause="return the value of x at the worst entry (x.flatten()[k].item()), not its index k."
+             if index_like else "return the value of x at the worst entry.")
+    (analytical,) = _grads(f, x)
+    error = (analytical - (f(x + eps) - f(x - eps)) / (2 * eps)).abs().reshape(-1)
+    if error[at].max().item() < worst - 1e-9:
+        fail(f"{label}: at x = {where:.6g} the error is {error[at].max().item():.6g}, "
+             f"but the largest is {worst:.6g}.", cause="return the x of the entry with the largest error.")
+
+
+# --- Exercise 5.3's cases: gradcheck failures to diagnose from their messages -------------
+
+class _Normalize(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        s = x.sum()
+        ctx.save_for_backward(s)
+        return x / s
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (s,) = ctx.saved_tensors
+        return grad_output / s
+
+
+class _Cube(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x**3
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (x,) = ctx.saved_tensors
+        return 3 * x**2
+
+
+_A = torch.tensor([[1.0, 2.0, 0.0], [0.0, 1.0, 3.0], [4.0, 0.0, 1.0]], dtype=torch.float64)
+
+
+class _MatVec(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return _A @ x
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return _A @ grad_output
+
+
+def diagnosis_cases() -> dict[str, tuple[str, Callable, tuple, dict]]:
+    """{question: (what is checked, function, inputs, gradcheck options)}; the code stays
+    hidden so that the message is all there is to read."""
+
+    def x(*values: float, dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor]:
+        return (torch.tensor(values, dtype=dtype, requires_grad=True),)
+
+    return {
+        "a": ("a Function for x / x.sum()", _Normalize.apply, x(0.5, 1.0, 1.5), {}),
+        "b": ("torch.tanh", torch.tanh, x(0.3, -1.2, 0.8, dtype=torch.float32), {}),
+        "c": ("a Function for x ** 3", _Cube.apply, x(0.5, -1.0, 2.0), {}),
+        "d": ("lambda x: x.amax()", lambda t: t.amax(), x(2.0, 2.0, 2.0), {}),
+        "e": ("a Function for A @ x, A a fixed 3 x 3 matrix", _MatVec.apply, x(0.3, -0.5, 1.2), {}),
+        "f": ("torch.exp", torch.exp, x(0.3, -0.5, 1.2), {"eps": 1e-14}),
+        "g": ("lambda x: x.clamp(-1, 1)", lambda t: t.clamp(-1, 1), x(0.3, 1.0, -0.4), {}),
+    }

@@ -1,0 +1,460 @@
+"""Checks for notebook 04_gradient_patterns."""
+from __future__ import annotations
+
+import contextlib
+import inspect
+from dataclasses import replace
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..checks import devices, explain, inputs, introspect, probe
+from ..checks.functions import FunctionSpec, check_function
+from ..checks.report import fail, note, passed, quiet, show
+
+Shape = Sequence[int]
+Mistakes = Sequence[tuple[Callable[[], torch.Tensor], str]]
+
+
+def _generator(seed: int | None) -> torch.Generator:
+    generator = torch.Generator()
+    generator.manual_seed(torch.seed() if seed is None else seed)
+    return generator
+
+
+def _shown(names: Sequence[str], args: Sequence[Any]) -> list[str]:
+    return [f"{n} = {show(a)}" for n, a in zip(names, args)]
+
+
+def _known_mistake(actual: torch.Tensor, mistakes: Mistakes) -> str | None:
+    """The cause of the first known mistake that computes exactly `actual`.
+
+    Call it only once `actual` is known to be wrong: a mistake that happens to give the
+    right answer for these inputs can then never match.
+    """
+    for compute, cause in mistakes:
+        try:
+            candidate = compute()
+        except Exception:  # this mistake cannot even run on these shapes
+            continue
+        if candidate.shape == actual.shape and torch.allclose(candidate, actual.to(candidate.dtype)):
+            return cause
+    return None
+
+
+# --- What a backward returns -------------------------------------------------------------
+
+ENGINE_SUMS = (
+    "(Autograd's engine sums a gradient that is broadcast-larger than its input down to the "
+    "input's shape, which is why `.grad` and gradcheck looked right. Backward itself must return "
+    "one gradient of the input's shape: the engine's sum also hides real bugs.)"
+)
+
+
+def check_returned_shapes(student: type[torch.autograd.Function], name: str, cases: Sequence[tuple]) -> None:
+    """Every gradient backward returns has the shape of its input, before the engine sees it."""
+    __tracebackhide__ = True
+    names = probe.argument_names(student)
+    with quiet():
+        for case in cases:
+            args = devices.prepare(case, "cpu")
+            with introspect.backward_calls(student) as record:
+                out = student.apply(*args)
+                torch.autograd.grad(out, [a for a in args if probe.differentiable(a)], torch.ones_like(out))
+            returned = record.returned[0] if isinstance(record.returned[0], tuple) else (record.returned[0],)
+            for arg_name, arg, grad in zip(names, args, returned):
+                if probe.differentiable(arg) and isinstance(grad, torch.Tensor) and grad.shape != arg.shape:
+                    got, want = tuple(grad.shape), tuple(arg.shape)
+                    fail(
+                        f"{name}: backward returned a gradient of shape {got} for `{arg_name}`, "
+                        f"which has shape {want}.",
+                        *_shown(names, args),
+                        cause=f"{explain.shape_cause(got, want)} {ENGINE_SUMS}",
+                    )
+    passed(f"{name}: backward returns every gradient with the shape of its input ({len(cases)} input(s)).")
+
+
+# --- 4.1 GELU ----------------------------------------------------------------------------
+
+def _gelu_hint(args: tuple, i: int, wrong: torch.Tensor) -> str:
+    return (
+        "d/dx [x·Φ(x)] = Φ(x) + x·φ(x) (product rule), with the exact Φ(x) = (1 + erf(x/√2))/2 "
+        "and φ(x) = exp(-x²/2)/√(2π): check both terms, and do not use the tanh approximation."
+    )
+
+
+def _gelu_cases(shapes: Sequence[Shape]):
+    def cases(generator: torch.Generator) -> list[tuple]:
+        return [(inputs.uniform(s, generator, -4.0, 4.0),) for s in shapes]
+
+    return cases
+
+
+GELU = FunctionSpec(name="GELU", reference=F.gelu, cases=_gelu_cases([(7,), (2, 3)]), hint=_gelu_hint)
+
+
+def check_gelu(student: Any, *, shapes: Sequence[Shape] = ((7,), (2, 3)), seed: int | None = 0) -> None:
+    """GELU(x) = x·Φ(x), the exact (erf) GELU."""
+    __tracebackhide__ = True
+    check_function(student, replace(GELU, cases=_gelu_cases(shapes)), seed=seed)
+
+
+# --- 4.2 Batched matrix product ----------------------------------------------------------
+
+MatmulSizes = tuple[Shape, int, int, int]  # (batch dims, n, k, m)
+
+
+def _matmul_hint(args: tuple, i: int, wrong: torch.Tensor) -> str:
+    a, b = args
+    if i == 0:
+        return f"grad_a must have a's shape (..., n, k) = {tuple(a.shape)}: combine grad_output (..., n, m) with b (..., k, m)."
+    return f"grad_b must have b's shape (..., k, m) = {tuple(b.shape)}: combine a (..., n, k) with grad_output (..., n, m)."
+
+
+def _matmul_cases(sizes: Sequence[MatmulSizes]):
+    def cases(generator: torch.Generator) -> list[tuple]:
+        return [
+            (inputs.normal((*batch, n, k), generator), inputs.normal((*batch, k, m), generator))
+            for batch, n, k, m in sizes
+        ]
+
+    return cases
+
+
+MATMUL_SIZES: tuple[MatmulSizes, ...] = (((), 3, 4, 2), ((2,), 3, 4, 5), ((2, 1), 2, 3, 4))
+BATCHED_MATMUL = FunctionSpec(
+    name="BatchedMatmul", reference=torch.matmul, cases=_matmul_cases(MATMUL_SIZES), hint=_matmul_hint
+)
+
+
+def check_batched_matmul(student: Any, *, sizes: Sequence[MatmulSizes] = MATMUL_SIZES, seed: int | None = 0) -> None:
+    """a @ b for a (..., n, k), b (..., k, m) with the same batch dims."""
+    __tracebackhide__ = True
+    check_function(student, replace(BATCHED_MATMUL, cases=_matmul_cases(sizes)), seed=seed)
+
+
+# --- 4.3 unbroadcast ---------------------------------------------------------------------
+
+def unbroadcast_reference(grad: torch.Tensor, shape: Shape) -> torch.Tensor:
+    return grad.sum_to_size(tuple(shape))
+
+
+def _summed(grad: torch.Tensor, dims: list[int], keepdim: bool = False) -> torch.Tensor:
+    return grad.sum(dims, keepdim=keepdim) if dims else grad
+
+
+def _unbroadcast_mistakes(grad: torch.Tensor, shape: tuple[int, ...]) -> Mistakes:
+    lead = grad.dim() - len(shape)
+    prepended = list(range(lead))
+    expanded = [lead + i for i, n in enumerate(shape) if n == 1]
+    from_left = list(range(len(shape), grad.dim()))  # the trailing dims, as if shapes lined up on the left
+    return (
+        (lambda: grad.sum(), "`grad.sum(dim=())` sums over *every* dim, not over none: when no dim needs "
+         "summing, skip the sum (return grad as it is)."),
+        (lambda: _summed(grad, prepended),
+         "only the prepended dims were summed: a dim of size 1 in `shape` that grad has expanded must be "
+         "summed too, with keepdim=True."),
+        (lambda: _summed(grad, expanded, keepdim=True),
+         "the leading dims that broadcasting prepended are still there: sum them away."),
+        (lambda: _summed(grad, prepended + expanded),
+         "the dims of size 1 were summed without keepdim=True, so they disappeared instead of staying size 1."),
+        (lambda: _summed(_summed(grad, from_left), [i for i, n in enumerate(shape) if n == 1], keepdim=True),
+         "dims were matched from the left: broadcasting lines shapes up from the right, so the dims to "
+         "remove are the *first* grad.dim() - len(shape) ones."),
+        (lambda: grad.mean(prepended + expanded, keepdim=True).reshape(shape),
+         "a broadcast value was used at every position it was copied to, so its gradient is the *sum* "
+         "over those positions, not the mean."),
+    )
+
+
+UNBROADCAST_PAIRS: tuple[tuple[Shape, Shape], ...] = (
+    ((3, 4), (4,)), ((3, 4), (3, 4)), ((3, 4), (3, 1)), ((2, 3, 4), (3, 1)),
+    ((2, 3, 4), ()), ((2, 3, 4), (1, 3, 1)), ((1, 4), (4,)), ((), ()),
+)
+
+
+def check_unbroadcast(
+    student: Callable[[torch.Tensor, Shape], torch.Tensor],
+    *,
+    pairs: Sequence[tuple[Shape, Shape]] = UNBROADCAST_PAIRS,
+    seed: int | None = 0,
+) -> None:
+    """unbroadcast(grad, shape) sums grad down to `shape`; each pair is (grad.shape, shape)."""
+    __tracebackhide__ = True
+    generator = _generator(seed)
+    with quiet():
+        for k, (grad_shape, shape) in enumerate(pairs):
+            grad = inputs.normal(grad_shape, generator)
+            target = torch.Size(shape) if k % 2 else tuple(shape)  # a tuple, or x.shape as in a backward
+            for device in devices.available():
+                _check_unbroadcast_once(student, grad.to(device), target)
+        meta = _unbroadcast_on_meta(student, pairs)
+    passed(f"unbroadcast: right shape and values for {len(pairs)} (grad shape, shape) pairs ({', '.join(devices.available())}).")
+    note(meta)
+    if "cuda" not in devices.available():
+        note(devices.NO_CUDA)
+
+
+def _check_unbroadcast_once(student, grad: torch.Tensor, shape: Shape) -> None:
+    __tracebackhide__ = True
+    call = f"unbroadcast(grad, {shape!r})"
+    given = [f"grad = {show(grad)}"]
+    before = grad.clone()
+    try:
+        got = student(grad, shape)
+    except Exception as exc:  # the student's code may raise anything
+        what, cause = explain.error("unbroadcast", type(exc).__name__, str(exc), ["grad", "shape"])
+        fail(f"{call}: {what}.", *given, cause=cause)
+    want = unbroadcast_reference(before, shape)
+    if not isinstance(got, torch.Tensor):
+        fail(f"{call} returned {type(got).__name__}, not a tensor.", *given)
+    if not torch.equal(grad, before):
+        fail(f"{call} modified `grad` in place.", *given,
+             cause="grad belongs to the caller (often autograd itself): compute a new tensor instead.")
+    if got.dtype != want.dtype or got.device != want.device:
+        fail(f"{call} returned a {got.dtype} tensor on {got.device}; expected {want.dtype} on {want.device}.", *given,
+             cause="keep grad's dtype and device: derive new tensors from grad (no `torch.zeros(shape)`).")
+    if got.shape != want.shape:
+        fail(f"{call} has shape {tuple(got.shape)}, expected {tuple(want.shape)}.", *given,
+             cause=_known_mistake(got, _unbroadcast_mistakes(before, tuple(shape))))
+    if not torch.allclose(got, want):
+        fail(f"{call} has wrong values.", *given, f"expected {show(want)}", f"actual   {show(got)}",
+             cause=_known_mistake(got, _unbroadcast_mistakes(before, tuple(shape))))
+
+
+def _unbroadcast_on_meta(student, pairs: Sequence[tuple[Shape, Shape]]) -> str:
+    """A tensor created on the CPU inside unbroadcast shows up on the meta device."""
+    __tracebackhide__ = True
+    for grad_shape, shape in pairs:
+        try:
+            student(torch.empty(tuple(grad_shape), dtype=torch.float64, device="meta"), tuple(shape))
+        except Exception as exc:  # the student's code may raise anything
+            message = str(exc)
+            if "device" in message:
+                what, cause = explain.error("unbroadcast", type(exc).__name__, message, ["grad", "shape"])
+                fail(f"on another device (meta) {what}.", cause=cause)
+            return f"meta device: not checked ({type(exc).__name__} from an operation meta tensors do not support)."
+    return "meta device: no tensor is tied to the CPU."
+
+
+# --- 4.4 Affine, a broadcasting Function --------------------------------------------------
+
+AffineShapes = tuple[Shape, Shape, Shape]  # x, weight, bias
+
+AFFINE_SHAPES: tuple[AffineShapes, ...] = (
+    ((2, 3, 4), (3, 1), (4,)),
+    ((3, 1), (4,), ()),
+    ((4,), (2, 1, 4), (3, 1)),
+)
+
+
+def _affine_cases(shapes: Sequence[AffineShapes]):
+    def cases(generator: torch.Generator) -> list[tuple]:
+        return [tuple(inputs.normal(s, generator) for s in triple) for triple in shapes]
+
+    return cases
+
+
+def _affine_hint(args: tuple, i: int, wrong: torch.Tensor) -> str:
+    local = ("grad_output * weight", "grad_output * x", "grad_output")[i]
+    name = ("x", "weight", "bias")[i]
+    return f"at the output's shape the gradient for `{name}` is {local}; then unbroadcast it to {name}.shape."
+
+
+AFFINE = FunctionSpec(
+    name="Affine", reference=lambda x, weight, bias: x * weight + bias, cases=_affine_cases(AFFINE_SHAPES),
+    hint=_affine_hint,
+)
+
+
+@contextlib.contextmanager
+def course_unbroadcast(student: type[torch.autograd.Function]) -> Iterator[bool]:
+    """Run `student` with the reference `unbroadcast` in place of the notebook's own.
+
+    Exercise 4.3 grades the student's unbroadcast; substituting it here keeps a mistake
+    there from costing the points of this exercise too. Yields whether it substituted.
+    """
+    namespace = inspect.unwrap(student.backward).__globals__
+    own = namespace.get("unbroadcast")
+    if own is None:
+        yield False
+        return
+    namespace["unbroadcast"] = unbroadcast_reference
+    try:
+        yield True
+    finally:
+        namespace["unbroadcast"] = own
+
+
+def check_affine(student: type[torch.autograd.Function], *, shapes: Sequence[AffineShapes] = AFFINE_SHAPES,
+                 seed: int | None = 0) -> None:
+    """Affine(x, weight, bias) = x * weight + bias, all three broadcasting."""
+    __tracebackhide__ = True
+    spec = replace(AFFINE, cases=_affine_cases(shapes))
+    with course_unbroadcast(student) as substituted:
+        check_function(student, spec, seed=seed)
+        check_returned_shapes(student, "Affine", spec.cases(_generator(seed)))
+    if substituted:
+        note("checked with the course's unbroadcast in place of yours (exercise 4.3 grades yours).")
+
+
+# --- 4.5 Mean over a dim -----------------------------------------------------------------
+
+Reduction = tuple[Shape, int, bool]  # (x.shape, dim, keepdim)
+# A square input first: forgetting to unsqueeze then gives wrong values (and a hint), not an error.
+
+MEAN_CASES: tuple[Reduction, ...] = (((3, 3), 1, False), ((3, 4), 1, False), ((2, 3, 4), -2, True), ((4,), 0, False))
+
+
+def _reduction_cases(specs: Sequence[Reduction], values: Callable[[Shape, torch.Generator], torch.Tensor]):
+    def cases(generator: torch.Generator) -> list[tuple]:
+        return [(values(shape, generator), dim, keepdim) for shape, dim, keepdim in specs]
+
+    return cases
+
+
+def _mean_hint(args: tuple, i: int, wrong: torch.Tensor) -> str:
+    x, dim, keepdim = args
+    return (
+        f"every entry of x along dim {dim} contributes 1/{x.shape[dim]} of its output entry, so its gradient is "
+        f"grad_output / {x.shape[dim]}, copied along dim {dim}"
+        + ("" if keepdim else f" (unsqueeze grad_output at dim {dim} first: with keepdim=False that dim is gone).")
+    )
+
+
+MEAN = FunctionSpec(name="Mean", reference=torch.mean, cases=_reduction_cases(MEAN_CASES, inputs.normal), hint=_mean_hint)
+
+
+def check_mean(student: Any, *, specs: Sequence[Reduction] = MEAN_CASES, seed: int | None = 0) -> None:
+    """Mean(x, dim, keepdim=False) = x.mean(dim, keepdim)."""
+    __tracebackhide__ = True
+    check_function(student, replace(MEAN, cases=_reduction_cases(specs, inputs.normal)), seed=seed)
+
+
+# --- 4.6 Max over a dim, ties split equally ----------------------------------------------
+
+MAX_CASES: tuple[Reduction, ...] = (((3, 3), 1, False), ((3, 4), 1, False), ((2, 3, 4), -2, True), ((5,), 0, False))
+
+# Ties crafted to include two-way, three-way and all-equal ties, and ties below the maximum.
+CRAFTED_TIES: tuple[tuple, ...] = (
+    (torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0], [0.0, 1.0, 5.0, 1.0]], dtype=torch.float64), 1, False),
+    (torch.tensor([[4.0, 1.0], [4.0, 1.0], [0.0, 1.0]], dtype=torch.float64), 0, True),
+    (torch.tensor([4.0, 4.0, -1.0, 4.0], dtype=torch.float64), -1, False),
+)
+
+
+def _distinct(shape: Shape, generator: torch.Generator) -> torch.Tensor:
+    """No ties, and no two values closer than 0.4: finite differences stay on one side of every kink."""
+    count = int(torch.Size(shape).numel())
+    order = torch.randperm(count, generator=generator).to(torch.float64)
+    noise = 0.1 * torch.rand(count, generator=generator, dtype=torch.float64)
+    return (0.5 * order + noise).reshape(tuple(shape))
+
+
+def _with_ties(shape: Shape, generator: torch.Generator) -> torch.Tensor:
+    return torch.randint(0, 3, tuple(shape), generator=generator).to(torch.float64)
+
+
+def _max_hint(args: tuple, i: int, wrong: torch.Tensor) -> str:
+    x, dim, keepdim = args
+    return (
+        f"the gradient is grad_output at the maximum of each slice along dim {dim} and 0 elsewhere"
+        + ("." if keepdim else f" (unsqueeze grad_output at dim {dim} first: with keepdim=False that dim is gone).")
+    )
+
+
+MAX = FunctionSpec(name="Max", reference=torch.amax, cases=_reduction_cases(MAX_CASES, _distinct), hint=_max_hint)
+
+
+def check_max(student: Any, *, specs: Sequence[Reduction] = MAX_CASES, seed: int | None = 0) -> None:
+    """Max(x, dim, keepdim=False) = x.amax(dim, keepdim); at a tie the gradient is split equally.
+
+    gradcheck is meaningless at a tie (max is not differentiable there), so it runs on
+    tie-free inputs only; inputs with ties are compared with torch.amax, which splits equally.
+    """
+    __tracebackhide__ = True
+    check_function(student, replace(MAX, cases=_reduction_cases(specs, _distinct)), seed=seed)
+    generator = _generator(seed)
+    ties = [*CRAFTED_TIES, *_reduction_cases(specs, _with_ties)(generator)]
+    with quiet():
+        for device in devices.available():
+            for case in ties:
+                _check_ties_once(student, devices.prepare(case, device), generator)
+    passed(f"Max: at ties the gradient is split equally among the tied entries ({len(ties)} inputs with ties).")
+
+
+def _check_ties_once(student, args: tuple, generator: torch.Generator) -> None:
+    __tracebackhide__ = True
+    x, dim, keepdim = args
+    grad_output = torch.randn(torch.amax(x, dim, keepdim).shape, generator=generator, dtype=x.dtype).to(x.device)
+    expected = probe.run(torch.amax, devices.prepare(args, x.device.type), [[grad_output]])
+    actual = probe.run(student, args, [[grad_output]])
+    shown = [f"x = {show(x)}", f"dim = {dim}, keepdim = {keepdim}", f"grad_output = {show(grad_output)}"]
+    if actual.error:
+        what, cause = explain.error(actual.error.stage, actual.error.type, actual.error.message, ["x", "dim", "keepdim"])
+        fail(f"Max on an input with ties: {what}.", *shown, cause=cause)
+    want, got = expected.grads[0][0].cpu(), actual.grads[0][0]
+    got = torch.zeros_like(want) if got is None else got.cpu()
+    if got.shape == want.shape and torch.allclose(got, want):
+        return
+    fail(
+        "Max: wrong gradient for `x` at a tie.", *shown, f"expected {show(want)}", f"actual   {show(got)}",
+        cause=_known_mistake(got, _tie_mistakes(x.detach().cpu(), dim, keepdim, grad_output.cpu()))
+        or "at a tie of k entries, each tied entry gets grad_output / k and the other entries get 0.",
+    )
+
+
+def _tie_mistakes(x: torch.Tensor, dim: int, keepdim: bool, grad_output: torch.Tensor) -> Mistakes:
+    spread = grad_output if keepdim else grad_output.unsqueeze(dim)
+    tied = x == x.amax(dim, keepdim=True)
+    return (
+        (lambda: spread * tied,
+         "every tied entry got the whole grad_output, so the total gradient is k times too large at a "
+         "k-way tie. Split it: divide by the number of tied entries in each slice."),
+        (lambda: torch.zeros_like(x).scatter(dim, x.argmax(dim, keepdim=True), spread),
+         "the whole gradient went to one of the tied entries, as torch.max(x, dim) does. This exercise "
+         "fixes another choice: split it equally among the tied entries, as torch.amax does."),
+    )
+
+
+# --- 4.7 Conv2d ----------------------------------------------------------------------------
+
+ConvSizes = tuple[Shape, Shape, bool, Any, Any]  # input shape, weight shape, with bias, stride, padding
+
+CONV_SIZES: tuple[ConvSizes, ...] = (
+    ((1, 2, 4, 4), (2, 2, 3, 3), True, 1, 0),
+    ((1, 1, 6, 6), (2, 1, 3, 3), False, 2, 1),  # a 5x5 input gives the same output size
+    ((2, 1, 3, 4), (2, 1, 2, 3), True, 1, 1),
+)
+
+
+def _conv_cases(sizes: Sequence[ConvSizes]):
+    def cases(generator: torch.Generator) -> list[tuple]:
+        return [
+            (inputs.normal(x, generator), inputs.normal(w, generator),
+             inputs.normal(w[:1], generator) if bias else None, stride, padding)
+            for x, w, bias, stride, padding in sizes
+        ]
+
+    return cases
+
+
+def _conv_hint(args: tuple, i: int, wrong: torch.Tensor) -> str:
+    stride, padding = args[3], args[4]
+    if i == 2:
+        return "the bias is added at every (batch, row, column) position: sum grad_output over dims 0, 2 and 3."
+    return (
+        f"pass the stride ({stride!r}) and padding ({padding!r}) of forward to "
+        f"torch.nn.grad.conv2d_{'input' if i == 0 else 'weight'}, with the shape of the "
+        f"{'input' if i == 0 else 'weight'}."
+    )
+
+
+CONV2D = FunctionSpec(name="Conv2d", reference=F.conv2d, cases=_conv_cases(CONV_SIZES), hint=_conv_hint)
+
+
+def check_conv2d(student: Any, *, sizes: Sequence[ConvSizes] = CONV_SIZES, seed: int | None = 0) -> None:
+    """Conv2d(input, weight, bias=None, stride=1, padding=0) = F.conv2d(...)."""
+    __tracebackhide__ = True
+    check_function(student, replace(CONV2D, cases=_conv_cases(sizes)), seed=seed)

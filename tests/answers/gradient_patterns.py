@@ -1,0 +1,241 @@
+"""04_gradient_patterns: wrong answers that must lose points, unusual right ones that must not."""
+from . import right, wrong
+
+_UNSQUEEZE = "        if not ctx.keepdim:\n            grad_output = grad_output.unsqueeze(ctx.dim)\n"
+
+MUTANTS = [
+    # 4.1 GELU
+    wrong("gelu", "forgets the x·φ(x) term of the product rule",
+          ("return grad_output * (normal_cdf(x) + x * normal_pdf(x))", "return grad_output * normal_cdf(x)")),
+    wrong("gelu", "ignores grad_output",
+          ("return grad_output * (normal_cdf(x) + x * normal_pdf(x))", "return normal_cdf(x) + x * normal_pdf(x)")),
+    wrong("gelu", "subtracts the second term",
+          ("normal_cdf(x) + x * normal_pdf(x)", "normal_cdf(x) - x * normal_pdf(x)")),
+    wrong("gelu", "differentiates the tanh approximation",
+          ("return grad_output * (normal_cdf(x) + x * normal_pdf(x))",
+           "with torch.enable_grad():\n"
+           "            t = x.detach().requires_grad_()\n"
+           "            (slope,) = torch.autograd.grad(F.gelu(t, approximate='tanh').sum(), t)\n"
+           "        return grad_output * slope")),
+    # 4.2 BatchedMatmul
+    wrong("batched_matmul", ".T (all dims reversed) instead of .mT",
+          ("return grad_output @ b.mT, a.mT @ grad_output", "return grad_output @ b.T, a.T @ grad_output")),
+    wrong("batched_matmul", "transposed gradient for b",
+          ("a.mT @ grad_output  #", "grad_output.mT @ a  #")),
+    wrong("batched_matmul", "ignores grad_output",
+          ("return grad_output @ b.mT, a.mT @ grad_output",
+           "return torch.ones_like(grad_output) @ b.mT, a.mT @ torch.ones_like(grad_output)")),
+    wrong("batched_matmul", "transposes the first two dims",
+          ("return grad_output @ b.mT, a.mT @ grad_output",
+           "return grad_output @ b.transpose(0, 1), a.transpose(0, 1) @ grad_output")),
+    wrong("batched_matmul", "returns one gradient",
+          ("return grad_output @ b.mT, a.mT @ grad_output", "return grad_output @ b.mT")),
+    # 4.3 unbroadcast
+    wrong("unbroadcast", "forgets the expanded size-1 dims",
+          ("dims = [*range(lead), *(lead + i for i, size in enumerate(shape) if size == 1)]", "dims = [*range(lead)]")),
+    wrong("unbroadcast", "sums without keepdim",
+          ("grad = grad.sum(dims, keepdim=True)", "grad = grad.sum(dims)"),
+          ("return grad.reshape(shape)", "return grad")),
+    wrong("unbroadcast", "falls into the empty-tuple trap", source='''
+def unbroadcast(grad, shape):
+    lead = grad.dim() - len(shape)
+    grad = grad.sum(dim=tuple(range(lead)))
+    ones = tuple(i for i, size in enumerate(shape) if size == 1)
+    return grad.sum(dim=ones, keepdim=True) if ones else grad
+'''),
+    wrong("unbroadcast", "matches dims from the left", source='''
+def unbroadcast(grad, shape):
+    extra = list(range(len(shape), grad.dim()))
+    if extra:
+        grad = grad.sum(extra)
+    ones = [i for i, size in enumerate(shape) if size == 1]
+    if ones:
+        grad = grad.sum(ones, keepdim=True)
+    return grad
+'''),
+    wrong("unbroadcast", "mean instead of sum",
+          ("grad = grad.sum(dims, keepdim=True)", "grad = grad.mean(dims, keepdim=True)")),
+    wrong("unbroadcast", "builds the result on the CPU in float32", source='''
+def unbroadcast(grad, shape):
+    out = torch.zeros(shape)
+    out += grad.sum_to_size(shape)
+    return out
+'''),
+    # 4.4 Affine
+    wrong("affine", "forgets to unbroadcast the gradient of x",
+          ("unbroadcast(grad_output * weight, x.shape)", "grad_output * weight")),
+    wrong("affine", "unbroadcasts weight's gradient to x's shape",
+          ("unbroadcast(grad_output * x, weight.shape)", "unbroadcast(grad_output * x, x.shape)")),
+    wrong("affine", "ignores grad_output for the bias",
+          ("unbroadcast(grad_output, ctx.bias_shape)", "unbroadcast(torch.ones_like(grad_output), ctx.bias_shape)")),
+    wrong("affine", "returns two gradients",
+          ("            unbroadcast(grad_output, ctx.bias_shape),\n", "")),
+    wrong("affine", "multiplies by the wrong factor",
+          ("unbroadcast(grad_output * weight, x.shape)", "unbroadcast(grad_output * x, x.shape)")),
+    # 4.5 Mean
+    wrong("mean", "forgets to unsqueeze the reduced dim", (_UNSQUEEZE, "")),
+    wrong("mean", "forgets to divide by n",
+          ("grad_output.expand(ctx.shape) / ctx.shape[ctx.dim]", "grad_output.expand(ctx.shape)")),
+    wrong("mean", "divides by numel", ("/ ctx.shape[ctx.dim]", "/ ctx.shape.numel()")),
+    wrong("mean", "returns one gradient for three inputs", (", None, None", "")),
+    wrong("mean", "ignores grad_output",
+          ("grad_output.expand(ctx.shape) / ctx.shape[ctx.dim]",
+           "torch.ones_like(grad_output).expand(ctx.shape) / ctx.shape[ctx.dim]")),
+    # 4.6 Max
+    wrong("max", "gives the whole gradient to every tied element",
+          ("grad_output * is_max / is_max.sum(ctx.dim, keepdim=True)", "grad_output * is_max")),
+    wrong("max", "gives everything to one index, like torch.max(dim)", source='''
+class Max(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, keepdim=False):
+        values, index = x.max(dim, keepdim=True)
+        ctx.save_for_backward(index)
+        ctx.shape, ctx.dim, ctx.keepdim = x.shape, dim, keepdim
+        return values if keepdim else values.squeeze(dim)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (index,) = ctx.saved_tensors
+        if not ctx.keepdim:
+            grad_output = grad_output.unsqueeze(ctx.dim)
+        return grad_output.new_zeros(ctx.shape).scatter(ctx.dim, index, grad_output), None, None
+'''),
+    wrong("max", "ignores grad_output",
+          ("grad_output * is_max / is_max.sum", "torch.ones_like(grad_output) * is_max / is_max.sum")),
+    wrong("max", "returns one gradient for three inputs", (", None, None", "")),
+    wrong("max", "forgets to unsqueeze the reduced dim", (_UNSQUEEZE, "")),
+    # 4.7 Conv2d
+    wrong("conv2d", "bias gradient summed over the batch only",
+          ("grad_output.sum((0, 2, 3))", "grad_output.sum(0)")),
+    wrong("conv2d", "forgets stride and padding for the input gradient",
+          ("conv2d_input(input.shape, weight, grad_output, ctx.stride, ctx.padding)",
+           "conv2d_input(input.shape, weight, grad_output)")),
+    wrong("conv2d", "conv_transpose2d without output_padding",
+          ("torch.nn.grad.conv2d_input(input.shape, weight, grad_output, ctx.stride, ctx.padding)",
+           "F.conv_transpose2d(grad_output, weight, stride=ctx.stride, padding=ctx.padding)")),
+    wrong("conv2d", "ignores grad_output for the weight",
+          ("conv2d_weight(input, weight.shape, grad_output, ctx.stride, ctx.padding)",
+           "conv2d_weight(input, weight.shape, torch.ones_like(grad_output), ctx.stride, ctx.padding)")),
+    wrong("conv2d", "returns three gradients for five inputs",
+          ("return grad_input, grad_weight, grad_bias, None, None", "return grad_input, grad_weight, grad_bias")),
+    wrong("conv2d", "returns a bias gradient when bias is None",
+          ("grad_output.sum((0, 2, 3)) if ctx.needs_input_grad[2] else None", "grad_output.sum((0, 2, 3))")),
+]
+
+VARIANTS = [
+    right("gelu", "torch.special.ndtr, derivative computed in forward and saved", source='''
+class GELU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        cdf = torch.special.ndtr(x)
+        ctx.save_for_backward(cdf + x * torch.exp(-x**2 / 2) / math.sqrt(2 * math.pi))
+        return x * cdf
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (slope,) = ctx.saved_tensors
+        return grad_output * slope
+'''),
+    right("batched_matmul", "einsum, needs_input_grad", source='''
+class BatchedMatmul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return torch.einsum("...nk,...km->...nm", a, b)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        a, b = ctx.saved_tensors
+        grad_a = torch.einsum("...nm,...km->...nk", grad_output, b) if ctx.needs_input_grad[0] else None
+        grad_b = torch.einsum("...nk,...nm->...km", a, grad_output) if ctx.needs_input_grad[1] else None
+        return grad_a, grad_b
+'''),
+    right("unbroadcast", "a loop over dims", source='''
+def unbroadcast(grad, shape):
+    while grad.dim() > len(shape):
+        grad = grad.sum(0)
+    for i, size in enumerate(shape):
+        if size == 1 and grad.shape[i] != 1:
+            grad = grad.sum(i, keepdim=True)
+    return grad
+'''),
+    right("unbroadcast", "sum_to_size", source='''
+def unbroadcast(grad, shape):
+    return grad.sum_to_size(shape)
+'''),
+    right("affine", "saves all three, sum_to_size, needs_input_grad", source='''
+class Affine(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight, bias)
+        return torch.addcmul(bias, x, weight)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x, weight, bias = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad
+        return (
+            (grad_output * weight).sum_to_size(x.shape) if need_x else None,
+            (grad_output * x).sum_to_size(weight.shape) if need_w else None,
+            grad_output.sum_to_size(bias.shape) if need_b else None,
+        )
+'''),
+    right("mean", "saves x, broadcast_to, a non-negative dim, an extra trailing None", source='''
+class Mean(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, keepdim=False):
+        ctx.save_for_backward(x)
+        ctx.dim, ctx.keepdim = dim % x.dim(), keepdim
+        return x.sum(dim, keepdim=keepdim) / x.shape[dim]
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (x,) = ctx.saved_tensors
+        g = grad_output if ctx.keepdim else grad_output.unsqueeze(ctx.dim)
+        return torch.broadcast_to(g / x.shape[ctx.dim], x.shape).clone(), None, None, None
+'''),
+    right("max", "saves x and the output, torch.where", source='''
+class Max(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, keepdim=False):
+        out = torch.amax(x, dim, keepdim)
+        ctx.save_for_backward(x, out)
+        ctx.dim, ctx.keepdim = dim, keepdim
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x, out = ctx.saved_tensors
+        if not ctx.keepdim:
+            out, grad_output = out.unsqueeze(ctx.dim), grad_output.unsqueeze(ctx.dim)
+        mask = (x == out).to(grad_output.dtype)
+        share = mask / mask.sum(ctx.dim, keepdim=True)
+        return torch.where(mask.bool(), grad_output * share, torch.zeros_like(x)), None, None
+'''),
+    right("conv2d", "conv_transpose2d with a computed output_padding", source='''
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+class Conv2d(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input, weight, bias=None, stride=1, padding=0):
+        ctx.save_for_backward(input, weight)
+        ctx.stride, ctx.padding = _pair(stride), _pair(padding)
+        return F.conv2d(input, weight, bias, stride, padding)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        input, weight = ctx.saved_tensors
+        sizes = zip(input.shape[-2:], grad_output.shape[-2:], weight.shape[-2:], ctx.stride, ctx.padding)
+        output_padding = tuple(n - ((o - 1) * s - 2 * p + k) for n, o, k, s, p in sizes)
+        grad_input = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_input = F.conv_transpose2d(grad_output, weight, None, ctx.stride, ctx.padding, output_padding)
+        if ctx.needs_input_grad[1]:
+            grad_weight = torch.nn.grad.conv2d_weight(input, weight.shape, grad_output, ctx.stride, ctx.padding)
+        if ctx.needs_input_grad[2]:
+            grad_bias = grad_output.sum((0, 2, 3))
+        return grad_input, grad_weight, grad_bias, None, None
+'''),
+]

@@ -1,0 +1,164 @@
+"""06_save_for_backward: wrong answers that must lose points, unusual right ones that must not."""
+from . import right, wrong
+
+MUTANTS = [
+    # saved_by
+    wrong("saved_by", "compares data_ptr(), where a view starts, not the storage",
+          ("return t.untyped_storage().data_ptr()", "return t.data_ptr()")),
+    wrong("saved_by", "compares Python objects",
+          ("if any(memory(t) == memory(o) for o in outputs):", "if any(t is o for o in outputs):"),
+          ("elif any(isinstance(a, torch.Tensor) and memory(t) == memory(a) for a in args):",
+           "elif any(t is a for a in args):")),
+    wrong("saved_by", "counts elements, not bytes",
+          ("t.numel() * t.element_size()", "t.numel()")),
+    wrong("saved_by", "calls the Function outside the hooks",
+          ("    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):\n        result = fn.apply(*args)\n",
+           "    result = fn.apply(*args)\n")),
+    wrong("saved_by", "checks the inputs before the outputs",
+          ("        if any(memory(t) == memory(o) for o in outputs):\n            kind = \"output\"\n"
+           "        elif any(isinstance(a, torch.Tensor) and memory(t) == memory(a) for a in args):\n            kind = \"input\"\n",
+           "        if any(isinstance(a, torch.Tensor) and memory(t) == memory(a) for a in args):\n            kind = \"input\"\n"
+           "        elif any(memory(t) == memory(o) for o in outputs):\n            kind = \"output\"\n")),
+    # Sigmoid
+    wrong("sigmoid", "saves the intermediate exp(-x) (passes gradcheck)", source='''
+class Sigmoid(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        e = torch.exp(-x)
+        ctx.save_for_backward(e)
+        return 1 / (1 + e)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (e,) = ctx.saved_tensors
+        return grad_output * e / (1 + e) ** 2
+'''),
+    wrong("sigmoid", "stashes the output on ctx",
+          ("ctx.save_for_backward(y)", "ctx.y = y"), ("(y,) = ctx.saved_tensors", "y = ctx.y")),
+    wrong("sigmoid", "saves the input and recomputes sigmoid",
+          ("ctx.save_for_backward(y)", "ctx.save_for_backward(x)"),
+          ("(y,) = ctx.saved_tensors", "(x,) = ctx.saved_tensors\n        y = torch.sigmoid(x)")),
+    wrong("sigmoid", "saves the input and the output",
+          ("ctx.save_for_backward(y)", "ctx.save_for_backward(x, y)"), ("(y,) = ctx.saved_tensors", "_, y = ctx.saved_tensors")),
+    wrong("sigmoid", "ignores grad_output",
+          ("return grad_output * y * (1 - y)", "return y * (1 - y)")),
+    wrong("sigmoid", "multiplies grad_output in place",
+          ("return grad_output * y * (1 - y)", "return grad_output.mul_(y * (1 - y))")),
+    wrong("sigmoid", "saves the output detached (breaks double backward)",
+          ("ctx.save_for_backward(y)", "ctx.save_for_backward(y.detach())")),
+    # Tanh_
+    wrong("tanh_inplace", "forgets mark_dirty", ("        ctx.mark_dirty(x)\n", "")),
+    wrong("tanh_inplace", "saves a copy of the input (passes gradcheck)", source='''
+class Tanh_(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x.clone())  # the input, before it is overwritten
+        x.tanh_()
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (x,) = ctx.saved_tensors
+        return grad_output * (1 - torch.tanh(x) ** 2)
+'''),
+    wrong("tanh_inplace", "takes the saved tensor for the input",
+          ("return grad_output * (1 - y * y)", "return grad_output * (1 - torch.tanh(y) ** 2)")),
+    wrong("tanh_inplace", "computes out of place",
+          ("x.tanh_()\n        ctx.mark_dirty(x)\n        ctx.save_for_backward(x)  # x now holds the output\n        return x",
+           "y = torch.tanh(x)\n        ctx.save_for_backward(y)\n        return y")),
+    wrong("tanh_inplace", "modifies the saved tensor in backward",
+          ("return grad_output * (1 - y * y)", "return grad_output * (1 - y.pow_(2))")),
+    wrong("tanh_inplace", "stashes the output on ctx",
+          ("ctx.save_for_backward(x)  # x now holds the output", "ctx.y = x"), ("(y,) = ctx.saved_tensors", "y = ctx.y")),
+    # Sort
+    wrong("sort", "gathers instead of scattering",
+          ("grad_x = torch.zeros_like(grad_values).scatter(ctx.dim, indices, grad_values)",
+           "grad_x = grad_values.gather(ctx.dim, indices)")),
+    wrong("sort", "no None for dim (wrong number of gradients)", ("return grad_x, None", "return grad_x")),
+    wrong("sort", "backward takes one gradient for two outputs",
+          ("def backward(ctx, grad_values, grad_indices):", "def backward(ctx, grad_values):")),
+    wrong("sort", "saves the input and sorts again",
+          ("ctx.save_for_backward(indices)", "ctx.save_for_backward(x)"),
+          ("(indices,) = ctx.saved_tensors", "(x,) = ctx.saved_tensors\n        indices = torch.sort(x, ctx.dim).indices")),
+    wrong("sort", "stashes the indices on ctx",
+          ("ctx.save_for_backward(indices)", "ctx.indices = indices"), ("(indices,) = ctx.saved_tensors", "indices = ctx.indices")),
+    wrong("sort", "marks the values non-differentiable",
+          ("ctx.mark_non_differentiable(indices)", "ctx.mark_non_differentiable(values)")),
+    wrong("sort", "ignores grad_values",
+          ("scatter(ctx.dim, indices, grad_values)", "scatter(ctx.dim, indices, torch.ones_like(grad_values))")),
+    wrong("sort", "returns the indices as floats", ("return values, indices", "return values, indices.to(x.dtype)")),
+    # What happens
+    wrong("what_happens", "thinks ctx attributes are version-checked", ('"b": "silently wrong"', '"b": "error"')),
+    wrong("what_happens", "thinks .data is version-checked", ('"d": "silently wrong"', '"d": "error"')),
+    wrong("what_happens", "thinks mark_dirty is optional", ('"g": "silently wrong"', '"g": "correct"')),
+]
+
+VARIANTS = [
+    right("saved_by", "sets of storages, t.nbytes, torch.Size shapes", source='''
+def saved_by(fn, *args):
+    seen = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: seen.append(t) or t, lambda t: t):
+        out = fn.apply(*args)
+    outs = [out] if torch.is_tensor(out) else list(out)
+
+    def storage(t):
+        return t.untyped_storage().data_ptr()
+
+    out_mem = {storage(o) for o in outs if torch.is_tensor(o)}
+    in_mem = {storage(a) for a in args if torch.is_tensor(a)}
+    kinds = lambda t: "output" if storage(t) in out_mem else "input" if storage(t) in in_mem else "intermediate"
+    return [(kinds(t), t.shape, t.nbytes) for t in seen]
+'''),
+    right("sigmoid", "computes y in place on its own tensors, derivative y - y*y", source='''
+class Sigmoid(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = x.neg().exp_().add_(1).reciprocal_()  # in place on a tensor forward created: fine
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (y,) = ctx.saved_tensors
+        return grad_output * (y - y * y)
+'''),
+    right("tanh_inplace", "torch.tanh(x, out=x), (1 - y)(1 + y)", source='''
+class Tanh_(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        torch.tanh(x, out=x)
+        ctx.mark_dirty(x)
+        ctx.save_for_backward(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (y,) = ctx.saved_tensors
+        return grad_output * (1 - y) * (1 + y)
+'''),
+    right("sort", "argsort + gather, inverse permutation, set_materialize_grads(False)", source='''
+class Sort(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim):
+        ctx.set_materialize_grads(False)
+        indices = x.argsort(dim)
+        values = x.gather(dim, indices)
+        ctx.mark_non_differentiable(indices)
+        ctx.save_for_backward(indices)
+        ctx.dim = dim
+        return values, indices
+
+    @staticmethod
+    def backward(ctx, grad_values, grad_indices):
+        if grad_values is None:
+            return None, None
+        (indices,) = ctx.saved_tensors
+        inverse = indices.argsort(ctx.dim)
+        return grad_values.gather(ctx.dim, inverse), None
+'''),
+    right("what_happens", "capitals and spaces", source='''
+what_happens = {"a": "Error", "b": "silently  wrong", "c": " correct", "d": "Silently Wrong", "e": "ERROR",
+                "f": "error", "g": "silently wrong", "h": "Correct", "i": "error ", "j": "silently wrong"}
+'''),
+]

@@ -1,0 +1,334 @@
+"""Unit tests of the checks of notebook 04_gradient_patterns: right answers pass, and each
+kind of wrong answer fails with the message that names its mistake."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from autograder.checks.report import CheckFailed
+from autograder.exercises import gradient_patterns as gp
+
+
+def function(forward, backward, name="Student"):
+    """A Function class from a forward(ctx, ...) and a backward(ctx, grad_output)."""
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+
+
+def fails(check, *args, **kwargs) -> str:
+    with pytest.raises(CheckFailed) as info:
+        check(*args, **kwargs)
+    return str(info.value)
+
+
+# --- 4.1 GELU ----------------------------------------------------------------------------
+
+def _cdf(x):
+    return 0.5 * (1 + torch.erf(x / math.sqrt(2)))
+
+
+def _pdf(x):
+    return torch.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+
+
+def _gelu_forward(ctx, x):
+    ctx.save_for_backward(x)
+    return x * _cdf(x)
+
+
+def _gelu(slope):
+    return function(_gelu_forward, lambda ctx, g: g * slope(ctx.saved_tensors[0]))
+
+
+def test_gelu_right():
+    gp.check_gelu(_gelu(lambda x: _cdf(x) + x * _pdf(x)), shapes=[(5,), ()])
+
+
+def test_gelu_missing_term_names_the_product_rule():
+    message = fails(gp.check_gelu, _gelu(_cdf))
+    assert "wrong gradient for `x`" in message and "product rule" in message
+
+
+# --- 4.2 BatchedMatmul -------------------------------------------------------------------
+
+def _matmul_forward(ctx, a, b):
+    ctx.save_for_backward(a, b)
+    return a @ b
+
+
+def test_batched_matmul_right():
+    gp.check_batched_matmul(function(_matmul_forward, lambda ctx, g: (g @ ctx.saved_tensors[1].mT, ctx.saved_tensors[0].mT @ g)))
+
+
+def test_batched_matmul_transposed_gradient():
+    wrong = function(_matmul_forward, lambda ctx, g: (g @ ctx.saved_tensors[1].mT, g.mT @ ctx.saved_tensors[0]))
+    message = fails(gp.check_batched_matmul, wrong)
+    assert "gradient for `b` has shape (2, 4) but `b` has shape (4, 2)" in message and "swapped" in message
+
+
+def test_batched_matmul_hint_names_the_shape():
+    wrong = function(_matmul_forward, lambda ctx, g: (2 * g @ ctx.saved_tensors[1].mT, ctx.saved_tensors[0].mT @ g))
+    message = fails(gp.check_batched_matmul, wrong, sizes=[((2,), 3, 4, 5)])
+    assert "wrong gradient for `a`" in message and "2 times the right one" in message
+
+
+# --- 4.3 unbroadcast ---------------------------------------------------------------------
+
+def unbroadcast(grad, shape):  # also the global that course_unbroadcast substitutes (see Affine)
+    return grad.sum_to_size(tuple(shape))
+
+
+def test_unbroadcast_right():
+    gp.check_unbroadcast(unbroadcast)
+
+
+def _loop_without_keepdim(grad, shape):
+    lead = grad.dim() - len(shape)
+    dims = [*range(lead), *(lead + i for i, n in enumerate(shape) if n == 1)]
+    return grad.sum(dims) if dims else grad
+
+
+@pytest.mark.parametrize(
+    "student, expected",
+    [
+        (lambda g, s: g.sum(dim=tuple(range(g.dim() - len(s)))), "sums over *every* dim"),
+        (lambda g, s: g.sum(list(range(g.dim() - len(s)))) if g.dim() > len(s) else g, "only the prepended dims"),
+        (lambda g, s: g.sum([i for i in range(g.dim()) if i >= g.dim() - len(s) and s[i - g.dim() + len(s)] == 1],
+                            keepdim=True), "prepended are still there"),
+        (_loop_without_keepdim, "without keepdim=True"),
+        (lambda g, s: g.sum(list(range(len(s), g.dim()))) if g.dim() > len(s) else g, "matched from the left"),
+        (lambda g, s: g.sum_to_size(s) / (g.numel() // max(1, math.prod(s))), "not the mean"),
+    ],
+)
+def test_unbroadcast_names_each_known_mistake(student, expected):
+    assert expected in fails(gp.check_unbroadcast, student)
+
+
+def test_unbroadcast_must_return_a_tensor():
+    assert "returned list, not a tensor" in fails(gp.check_unbroadcast, lambda g, s: g.sum_to_size(s).tolist())
+
+
+def test_unbroadcast_must_not_modify_grad():
+    def in_place(grad, shape):
+        out = grad.sum_to_size(shape).clone()
+        grad.zero_()
+        return out
+
+    assert "modified `grad` in place" in fails(gp.check_unbroadcast, in_place)
+
+
+def test_unbroadcast_keeps_dtype():
+    message = fails(gp.check_unbroadcast, lambda g, s: g.sum_to_size(s).float())
+    assert "torch.float32" in message and "keep grad's dtype" in message
+
+
+def test_unbroadcast_error_is_reported():
+    def broken(grad, shape):
+        raise ValueError("nope")
+
+    message = fails(gp.check_unbroadcast, broken)
+    assert "unbroadcast raised ValueError: nope" in message and "grad = " in message
+
+
+def test_unbroadcast_tensor_tied_to_the_cpu_shows_on_meta():
+    def on_cpu(grad, shape):
+        out = torch.zeros(tuple(shape), dtype=grad.dtype)
+        return out + grad.sum_to_size(shape)
+
+    assert "on another device (meta)" in fails(gp.check_unbroadcast, on_cpu)
+
+
+def test_unbroadcast_with_an_operation_meta_lacks_is_not_failed(capsys):
+    def via_item(grad, shape):
+        if grad.device.type == "meta":
+            raise NotImplementedError("no meta kernel")
+        return grad.sum_to_size(shape)
+
+    gp.check_unbroadcast(via_item)
+    assert "meta device: not checked" in capsys.readouterr().out
+
+
+# --- 4.4 Affine --------------------------------------------------------------------------
+
+def _affine_forward(ctx, x, weight, bias):
+    ctx.save_for_backward(x, weight)
+    ctx.bias_shape = bias.shape
+    return x * weight + bias
+
+
+def _affine_backward(ctx, g):
+    x, weight = ctx.saved_tensors
+    return unbroadcast(g * weight, x.shape), unbroadcast(g * x, weight.shape), unbroadcast(g, ctx.bias_shape)
+
+
+Affine = function(_affine_forward, _affine_backward, "Affine")
+
+
+def test_affine_right(capsys):
+    gp.check_affine(Affine)
+    assert "course's unbroadcast in place of yours" in capsys.readouterr().out
+
+
+def test_affine_is_graded_with_the_course_unbroadcast(monkeypatch):
+    wrong = lambda grad, shape: grad  # noqa: E731  (a wrong unbroadcast, graded by exercise 4.3 only)
+    monkeypatch.setitem(globals(), "unbroadcast", wrong)
+    gp.check_affine(Affine)
+    assert globals()["unbroadcast"] is wrong  # restored after the check
+
+
+def test_affine_without_unbroadcast_fails_although_the_engine_hides_it():
+    def backward(ctx, g):
+        x, weight = ctx.saved_tensors
+        return g * weight, g * x, g
+
+    message = fails(gp.check_affine, function(_affine_forward, backward))
+    assert "returned a gradient of shape (2, 3, 4) for `weight`, which has shape (3, 1)" in message
+    assert "engine sums" in message
+
+
+def test_affine_hint_names_the_local_gradient():
+    def backward(ctx, g):
+        x, weight = ctx.saved_tensors
+        return unbroadcast(g * x, x.shape), unbroadcast(g * x, weight.shape), unbroadcast(g, ctx.bias_shape)
+
+    message = fails(gp.check_affine, function(_affine_forward, backward))
+    assert "wrong gradient for `x`" in message and "grad_output * weight" in message
+
+
+# --- 4.5 Mean ----------------------------------------------------------------------------
+
+def _mean_forward(ctx, x, dim, keepdim=False):
+    ctx.shape, ctx.dim, ctx.keepdim = x.shape, dim, keepdim
+    return x.mean(dim, keepdim=keepdim)
+
+
+def _mean(unsqueeze=True, gradients=3):
+    def backward(ctx, g):
+        if unsqueeze and not ctx.keepdim:
+            g = g.unsqueeze(ctx.dim)
+        return (g.expand(ctx.shape) / ctx.shape[ctx.dim], None, None)[:gradients]
+
+    return function(_mean_forward, backward)
+
+
+def test_mean_right():
+    gp.check_mean(_mean())
+
+
+def test_mean_without_unsqueeze_gets_the_hint():
+    message = fails(gp.check_mean, _mean(unsqueeze=False))
+    assert "wrong gradient for `x`" in message and "unsqueeze grad_output at dim 1" in message
+
+
+def test_mean_wrong_number_of_gradients():
+    assert "backward returned 1 gradient(s), but forward takes 3 input(s)" in fails(gp.check_mean, _mean(gradients=1))
+
+
+# --- 4.6 Max -----------------------------------------------------------------------------
+
+def _max_forward(ctx, x, dim, keepdim=False):
+    out = x.amax(dim, keepdim=True)
+    ctx.save_for_backward(x == out)
+    ctx.dim, ctx.keepdim = dim, keepdim
+    return out if keepdim else out.squeeze(dim)
+
+
+def _max(share):
+    def backward(ctx, g):
+        (is_max,) = ctx.saved_tensors
+        g = g if ctx.keepdim else g.unsqueeze(ctx.dim)
+        return g * share(is_max, ctx.dim), None, None
+
+    return function(_max_forward, backward)
+
+
+def _equal_split(is_max, dim):
+    return is_max / is_max.sum(dim, keepdim=True)
+
+
+def test_max_right_although_gradcheck_fails_at_three_way_ties():
+    gp.check_max(_max(_equal_split))
+    x = torch.tensor([3.0, 3.0, 3.0, 0.0], dtype=torch.float64, requires_grad=True)
+    assert not torch.autograd.gradcheck(lambda t: _max(_equal_split).apply(t, 0), (x,), raise_exception=False)
+
+
+def test_crafted_ties_include_two_three_and_all_way_ties():
+    counts = set()
+    for x, dim, _ in gp.CRAFTED_TIES:
+        counts |= set((x == x.amax(dim, keepdim=True)).sum(dim).flatten().tolist())
+    assert {2, 3, 4} <= counts
+
+
+def test_max_whole_gradient_to_every_tied_entry():
+    message = fails(gp.check_max, _max(lambda is_max, dim: is_max))
+    assert "at a tie" in message and "every tied entry got the whole grad_output" in message
+
+
+def test_max_whole_gradient_to_one_index():
+    def first_only(is_max, dim):
+        return torch.zeros_like(is_max, dtype=torch.float64).scatter(dim, is_max.to(torch.uint8).argmax(dim, keepdim=True), 1.0)
+
+    message = fails(gp.check_max, _max(first_only))
+    assert "as torch.max(x, dim) does" in message
+
+
+def test_max_other_split_gets_the_rule():
+    def half_each(is_max, dim):
+        return is_max * (0.5 if is_max.sum(dim).max() > 1 else 1.0)
+
+    message = fails(gp.check_max, _max(half_each))
+    assert "each tied entry gets grad_output / k" in message
+
+
+def test_max_error_only_at_ties_is_reported():
+    def unique_only(is_max, dim):
+        if bool((is_max.sum(dim) > 1).any()):
+            raise RuntimeError("ties are not supported")
+        return is_max
+
+    message = fails(gp.check_max, _max(unique_only))
+    assert "Max on an input with ties: backward raised RuntimeError: ties are not supported" in message
+
+
+# --- 4.7 Conv2d --------------------------------------------------------------------------
+
+def _conv_forward(ctx, input, weight, bias=None, stride=1, padding=0):
+    ctx.save_for_backward(input, weight)
+    ctx.stride, ctx.padding = stride, padding
+    return F.conv2d(input, weight, bias, stride, padding)
+
+
+def _conv(bias_grad):
+    def backward(ctx, g):
+        input, weight = ctx.saved_tensors
+        return (
+            torch.nn.grad.conv2d_input(input.shape, weight, g, ctx.stride, ctx.padding),
+            torch.nn.grad.conv2d_weight(input, weight.shape, g, ctx.stride, ctx.padding),
+            bias_grad(g) if ctx.needs_input_grad[2] else None,
+            None,
+            None,
+        )
+
+    return function(_conv_forward, backward)
+
+
+def test_conv2d_right():
+    gp.check_conv2d(_conv(lambda g: g.sum((0, 2, 3))))
+
+
+def test_conv2d_bias_gradient_over_the_wrong_dims():
+    message = fails(gp.check_conv2d, _conv(lambda g: g.sum((0, 2, 3)) * 2))
+    assert "wrong gradient for `bias`" in message and "sum grad_output over dims 0, 2 and 3" in message
+
+
+# --- shared helpers ----------------------------------------------------------------------
+
+def test_known_mistake_skips_mistakes_that_cannot_run():
+    def impossible():
+        raise RuntimeError("shapes do not fit")
+
+    actual = torch.ones(2)
+    assert gp._known_mistake(actual, [(impossible, "no"), (lambda: torch.ones(2), "yes")]) == "yes"
+    assert gp._known_mistake(actual, [(lambda: torch.zeros(2), "no")]) is None
