@@ -285,7 +285,7 @@ class Step:
     args: tuple[int, ...]  # indices into the pool of values
 
 
-def random_program(ops: Sequence[str], length: int, rng: random.Random) -> list[Step]:
+def random_program(ops: Sequence[str], length: int, rng: random.Random, table: dict = TORCH_OPS) -> list[Step]:
     """A straight-line program over a pool that starts with 3 inputs of the same shape.
 
     Elementwise programs keep shape (3,); with "matmul" or "t" in `ops` they work on 3x3
@@ -297,7 +297,7 @@ def random_program(ops: Sequence[str], length: int, rng: random.Random) -> list[
     elementwise = [o for o in ops if o not in ("sum", "expand")]
     while len(steps) < length:
         op = rng.choice(elementwise + (["sum"] if "sum" in ops else []))
-        steps.append(Step(op, tuple(rng.choice(usable) for _ in range(TORCH_OPS[op][0]))))
+        steps.append(Step(op, tuple(rng.choice(usable) for _ in range(table[op][0]))))
         index = 3 + len(steps) - 1
         if op == "sum":
             steps.append(Step("expand", (index,)))
@@ -316,14 +316,15 @@ def run_program(steps: Sequence[Step], leaves: list, call: Callable[[str, list, 
 
 
 def differential_test(
-    tape: Tape, ops: Sequence[str], grad_fn: Callable[..., list], *, programs: int, length: int, seed: int | None
+    tape: Tape, ops: Sequence[str], grad_fn: Callable[..., list], *, programs: int, length: int, seed: int | None,
+    table: dict = TORCH_OPS,
 ) -> None:
     """Random programs: gradients (and gradients of the gradients' squared norm) as torch's."""
     __tracebackhide__ = True
     rng = random.Random(torch.seed() if seed is None else seed)
     size = (3, 3) if ("matmul" in ops or "t" in ops) else (3,)
     for _ in range(programs):
-        steps = random_program(ops, length, rng)
+        steps = random_program(ops, length, rng, table)
         gen = torch.Generator().manual_seed(rng.randrange(2**31))
         xs = [(torch.rand(size, generator=gen, dtype=torch.float64) - 0.5).requires_grad_() for _ in range(3)]
         tape.tape.clear()
@@ -333,7 +334,7 @@ def differential_test(
         grads = grad_fn(L0, vs)
         listing = "; ".join(f"v{3 + i} = {s.op}({', '.join(f'v{j}' for j in s.args)})" for i, s in enumerate(steps))
         context = [f"program: {listing}; L = sum(v{len(out) - 1})", *(f"v{i} = {show(x)}" for i, x in enumerate(xs))]
-        t_out = run_program(steps, xs, lambda op, a, e: TORCH_OPS[op][1](*a, *e), size)
+        t_out = run_program(steps, xs, lambda op, a, e: table[op][1](*a, *e), size)
         t_grads = torch.autograd.grad(t_out[-1].sum(), xs, create_graph=True, allow_unused=True)
         t_grads = [torch.zeros_like(x) if g is None else g for x, g in zip(xs, t_grads)]
         for i, (got, want) in enumerate(zip(grads, t_grads)):
@@ -579,3 +580,87 @@ def check_whole_tape(grad: Callable[..., list], *ops: Callable[..., Any], progra
         differential_test(tape, [n for n in names if n not in ("sum", "expand")], grad,
                           programs=programs, length=6, seed=seed)
     passed(f"your whole tape: {2 * programs} random programs agree with torch.autograd, to second order.")
+
+
+# --- notebook 02: gradients of gradients and fused operations -------------------------------
+
+# Functions of one Variable that work on torch tensors as well (same methods).
+HVP_FUNCTIONS: dict[str, Callable[[Any], Any]] = {
+    "sum(sin(x) * x)": lambda x: (x.sin() * x).sum(),
+    "sum(exp(x) * exp(x))": lambda x: (x.exp() * x.exp()).sum(),
+    "sum(x * x * x)": lambda x: (x * x * x).sum(),
+    "sum(cos(x @ x))": lambda x: (x @ x).cos().sum(),
+    "sum(x + x)": lambda x: (x + x).sum(),
+}
+
+
+def check_hvp(hvp: Callable[..., Any], *, functions: Sequence[str] = tuple(HVP_FUNCTIONS), seed: int | None = 0) -> None:
+    """`hvp(f, x, v)`: the Hessian of the scalar f at x times v, using grad twice."""
+    __tracebackhide__ = True
+    tape = Tape(hvp)
+    generator = torch.Generator()
+    generator.manual_seed(torch.seed() if seed is None else seed)
+    with quiet(), tape.isolated():
+        for name in functions:
+            f = HVP_FUNCTIONS[name]
+            size = (3, 3) if "@" in name else (4,)
+            x_t, v_t = (torch.randn(size, generator=generator, dtype=torch.float64) for _ in range(2))
+            context = [f"f(x) = {name}", f"x = {show(x_t)}", f"v = {show(v_t)}"]
+            tape.tape.clear()
+            got = _run("hvp", hvp, f, tape.var(x_t), tape.var(v_t), context=context)
+            want = torch.autograd.functional.hvp(f, x_t, v_t)[1]
+            first = torch.func.grad(f)(x_t)
+            cause = (
+                "that is the gradient of f, not the Hessian times v: differentiate again, the sum of "
+                "(gradient * v)." if got is not None and hasattr(got, "value") and got.value.shape == first.shape
+                and torch.allclose(got.value, first, rtol=RTOL, atol=ATOL) else
+                "Hv = d/dx sum(grad(f)(x) * v): the first gradient must stay a Variable on the tape "
+                "(no `.value`), then be multiplied by v, summed, and differentiated with grad."
+            )
+            _same("hvp", "H v", _value(got, "H v", "hvp"), want, context, cause=cause)
+    passed(f"hvp: Hessian-vector products of {len(functions)} functions agree with torch.autograd.functional.hvp.")
+
+
+# Losses built from the first gradients (da, db) of sum(exp_mul(a, b)); Variables or tensors.
+SECOND_LOSSES: dict[str, Callable[[Any, Any, Any], Any]] = {
+    "sum(da * da + db * db)": lambda da, db, b: (da * da + db * db).sum(),
+    "sum(da * b)": lambda da, db, b: (da * b).sum(),
+}
+
+
+def _exp_mul_cases(generator: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [tuple(torch.rand(3, generator=generator, dtype=torch.float64) - 0.5 for _ in range(2)) for _ in range(2)]
+
+
+def check_exp_mul(operator_exp_mul: Callable[..., Any], *, programs: int = 0, seed: int | None = 0) -> None:
+    """`exp_mul(a, b) = exp(a) * b` as one entry: right to first and second order."""
+    __tracebackhide__ = True
+    tape = Tape(operator_exp_mul)
+    generator = torch.Generator()
+    generator.manual_seed(torch.seed() if seed is None else seed)
+    with quiet(), tape.isolated():
+        for a_t, b_t in _exp_mul_cases(generator):
+            for loss_name, second_loss in SECOND_LOSSES.items():
+                tape.tape.clear()
+                a, b = tape.var(a_t), tape.var(b_t)
+                context = [f"a = {show(a_t)}", f"b = {show(b_t)}", f"L0 = sum(exp_mul(a, b)); L1 = {loss_name}"]
+                r = _run("exp_mul", operator_exp_mul, a, b, context=context)
+                _same("exp_mul", "the forward value", _value(r, "the result", "exp_mul"), a_t.exp() * b_t, context)
+                da, db = reference_grad(tape, tape.ns["operator_sum"](r), [a, b])
+                at, bt = a_t.clone().requires_grad_(), b_t.clone().requires_grad_()
+                tda, tdb = torch.autograd.grad((at.exp() * bt).sum(), [at, bt], create_graph=True)
+                for n, g, w in (("a", da, tda), ("b", db, tdb)):
+                    _same("exp_mul", f"dL0/d{n}", _value(g, f"dL0/d{n}", "exp_mul"), w.detach(), context)
+                got = reference_grad(tape, second_loss(da, db, b), [a, b])
+                want = torch.autograd.grad(second_loss(tda, tdb, bt), [at, bt])
+                for n, g, w in zip("ab", got, want):
+                    _same("exp_mul", f"dL1/d{n} (a gradient of a gradient)", None if g is None else g.value, w, context,
+                          cause="the intermediate exp(a) escapes: propagate uses it, but the tape does not know it "
+                          "depends on a. Declare it as a second output of the entry (and add its incoming "
+                          "gradient, which may be None), or recompute it inside propagate from a.")
+        if programs:
+            table = {**TORCH_OPS, "exp_mul": (2, lambda a, b: a.exp() * b)}
+            differential_test(tape, ["add", "mul", "exp_mul", "sin"], lambda L, wrt: reference_grad(tape, L, wrt),
+                              programs=programs, length=6, seed=seed, table=table)
+    extra = f"; {programs} random programs agree with torch.autograd" if programs else ""
+    passed("exp_mul: values, gradients and gradients of gradients are right" + extra + ".")
