@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 # Pin every package of the environment (run after changing a version in pyproject.toml).
 lock: $(STAMP)
-	$(BIN)/python -m pip freeze --exclude-editable | sed 's/+cpu$$//' > constraints.txt
+	$(BIN)/python -m pip freeze --all --exclude-editable | grep -v '^pip==' | sed 's/+cpu$$//' > constraints.txt
 
 # Install missing system tools with apt-get where possible, else say how to get them.
 system-tools:

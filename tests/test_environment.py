@@ -1,0 +1,46 @@
+"""The conda environment, pyproject.toml and the pinned constraints agree."""
+import tomllib
+
+import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from autograder.authoring import ROOT
+
+
+def _pyproject() -> dict[str, str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]
+    return {Requirement(r).name: str(Requirement(r).specifier) for r in reqs}
+
+
+def _conda_pip() -> dict[str, str]:
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    return {Requirement(r).name: str(Requirement(r).specifier) for r in pip if not r.startswith("-e")}
+
+
+def _constraints() -> dict[str, str]:
+    lines = (ROOT / "constraints.txt").read_text().splitlines()
+    pins = (line.split("==") for line in lines if "==" in line)
+    return {canonicalize_name(name): version for name, version in pins}
+
+
+def test_conda_environment_has_the_packages_and_versions_of_pyproject():
+    pyproject, conda = _pyproject(), _conda_pip()
+    assert set(conda) == set(pyproject)
+    for name, spec in pyproject.items():
+        if name == "torch":  # a range in pyproject (Colab's torch), the pinned version for conda
+            assert Version(conda[name].removeprefix("==")) in Requirement(f"torch{spec}").specifier
+        else:
+            assert conda[name] == spec, name
+
+
+def test_pins_match_the_locked_environment():
+    locked = _constraints()
+    for name, spec in {**_pyproject(), **_conda_pip()}.items():
+        version = locked[canonicalize_name(name)]
+        if spec.startswith("=="):
+            assert version == spec.removeprefix("=="), name
+        assert Version(version) in Requirement(f"{name}{spec}").specifier, name
