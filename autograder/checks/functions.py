@@ -253,6 +253,6 @@ def _meta(student: Any, args: tuple, names: list[str]) -> str:
         message = str(exc)
         if "expected device" in message or "is not on the expected device" in message:
             what, cause = explain.error(stage, type(exc).__name__, message, names)
-            fail(f"on another device (meta) {what}.", cause=cause)
+            fail(f"on another device (meta) {what}.", *_describe(meta_args, names), cause=cause)
         return f"meta device: not checked ({type(exc).__name__} from an operation meta tensors do not support)."
     return "meta device: no tensor is tied to the CPU."
