@@ -232,7 +232,7 @@ def check_op(tape: Tape, fn: Callable[..., Any], case: OpCase, generator: torch.
     S = terms[0]
     for t in terms[1:]:
         S = ref["add"](S, t)
-    second = reference_grad(tape, S, [*vs, g])
+    second = _run(f"{label}: propagate (second backward)", reference_grad, tape, S, [*vs, g], context=context)
     torch_S = sum((w * u).sum() for w, u in zip(wants, us))
     torch_second = torch.autograd.grad(torch_S, [*xs, dL_dr], allow_unused=True)
     for n, got, w in zip([*names, "dL_dr"], second, torch_second):
@@ -331,9 +331,9 @@ def differential_test(
         vs = [tape.var(x) for x in xs]
         out = run_program(steps, vs, lambda op, a, e: tape.ns[f"operator_{op}"](*a, *e), size)
         L0 = tape.ns["operator_sum"](out[-1])
-        grads = grad_fn(L0, vs)
         listing = "; ".join(f"v{3 + i} = {s.op}({', '.join(f'v{j}' for j in s.args)})" for i, s in enumerate(steps))
         context = [f"program: {listing}; L = sum(v{len(out) - 1})", *(f"v{i} = {show(x)}" for i, x in enumerate(xs))]
+        grads = _run("random program: backward", grad_fn, L0, vs, context=context)
         t_out = run_program(steps, xs, lambda op, a, e: table[op][1](*a, *e), size)
         t_grads = torch.autograd.grad(t_out[-1].sum(), xs, create_graph=True, allow_unused=True)
         t_grads = [torch.zeros_like(x) if g is None else g for x, g in zip(xs, t_grads)]
@@ -343,7 +343,7 @@ def differential_test(
         if not live:
             continue
         L1 = tape.ns["operator_sum"](_sum_of_squares(tape, [g for g, _ in live]))
-        second = grad_fn(L1, vs)
+        second = _run("random program: second backward", grad_fn, L1, vs, context=context)
         t_L1 = sum((w * w).sum() for _, w in live)
         t_second = torch.autograd.grad(t_L1, xs, allow_unused=True) if t_L1.requires_grad else [None] * len(xs)
         for i, (got, want) in enumerate(zip(second, t_second)):
@@ -646,12 +646,13 @@ def check_exp_mul(operator_exp_mul: Callable[..., Any], *, programs: int = 0, se
                 context = [f"a = {show(a_t)}", f"b = {show(b_t)}", f"L0 = sum(exp_mul(a, b)); L1 = {loss_name}"]
                 r = _run("exp_mul", operator_exp_mul, a, b, context=context)
                 _same("exp_mul", "the forward value", _value(r, "the result", "exp_mul"), a_t.exp() * b_t, context)
-                da, db = reference_grad(tape, tape.ns["operator_sum"](r), [a, b])
+                da, db = _run("exp_mul: propagate", reference_grad, tape, tape.ns["operator_sum"](r), [a, b], context=context)
                 at, bt = a_t.clone().requires_grad_(), b_t.clone().requires_grad_()
                 tda, tdb = torch.autograd.grad((at.exp() * bt).sum(), [at, bt], create_graph=True)
                 for n, g, w in (("a", da, tda), ("b", db, tdb)):
                     _same("exp_mul", f"dL0/d{n}", _value(g, f"dL0/d{n}", "exp_mul"), w.detach(), context)
-                got = reference_grad(tape, second_loss(da, db, b), [a, b])
+                got = _run("exp_mul: propagate (second backward)", reference_grad, tape, second_loss(da, db, b), [a, b],
+                           context=context)
                 want = torch.autograd.grad(second_loss(tda, tdb, bt), [at, bt])
                 for n, g, w in zip("ab", got, want):
                     _same("exp_mul", f"dL1/d{n} (a gradient of a gradient)", None if g is None else g.value, w, context,
