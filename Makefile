@@ -13,8 +13,9 @@ SYSTEM_TOOLS := dot:graphviz
 test: $(STAMP) system-tools
 	$(BIN)/python -m pytest
 
+# LAB_ARGS: extra options for jupyter lab, e.g. LAB_ARGS="--no-browser --port=8890".
 lab: $(STAMP) system-tools
-	$(BIN)/jupyter lab --ServerApp.root_dir=course $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
+	$(BIN)/jupyter lab --ServerApp.root_dir=course $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
 
 # Regenerate the student notebooks in course/ from solutions/ (stock nbgrader).
 release: $(STAMP)
