@@ -1,6 +1,8 @@
 """A throwaway nbgrader course for tests: release, submit, autograde with stock nbgrader."""
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import subprocess
 import sys
@@ -81,15 +83,21 @@ class Course:
 
 
 def namespace(slug: str, answers: dict[str, str] | None = None) -> dict:
-    """Run a notebook's definitions in-process (given cells and answer cells, not the demos
-    or checks), with `answers` {answer_id: source} replacing model solutions."""
+    """Run a notebook in-process as a kernel would, without its checks: given and answer
+    cells must run, demonstrations may fail (a wrong answer breaks them); output is
+    discarded. `answers` {answer_id: source} replace model solutions."""
     nb = nbformat.read(authoring.solution_path(slug), as_version=4)
     ns: dict = {"__name__": "__main__"}
-    for cell in nb.cells:
-        meta = cell.metadata.get("nbgrader", {})
-        grade_id = meta.get("grade_id", "")
-        if cell.cell_type != "code" or meta.get("grade") or grade_id in ("", "setup") or "check" in grade_id:
-            continue
-        source = (answers or {}).get(grade_id, model_solution(cell.source) if meta.get("solution") else cell.source)
-        exec(compile(source, f"<{slug}:{grade_id}>", "exec"), ns)
+    with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
+        for cell in nb.cells:
+            meta = cell.metadata.get("nbgrader", {})
+            grade_id = meta.get("grade_id", "")
+            if cell.cell_type != "code" or meta.get("grade") or grade_id == "setup" or "check" in grade_id:
+                continue
+            source = (answers or {}).get(grade_id, model_solution(cell.source) if meta.get("solution") else cell.source)
+            try:
+                exec(compile(source, f"<{slug}:{grade_id or 'demo'}>", "exec"), ns)
+            except Exception:
+                if grade_id:
+                    raise
     return ns

@@ -130,7 +130,7 @@ def gradient_cause(
     if close(actual, -expected):
         return "the gradient has the wrong sign."
     norm = float((expected * expected).sum())
-    if norm > 0:
+    if norm > 0 and expected.numel() > 1:  # one number is always a multiple of another
         factor = float((actual * expected).sum()) / norm
         if abs(factor - 1) > 1e-3 and close(actual, factor * expected):
             return f"the gradient is {factor:.4g} times the right one everywhere: a constant factor is off."

@@ -54,7 +54,10 @@ def check_function(student: Any, spec: FunctionSpec, *, seed: int | None = 0) ->
         for device in devices.available():
             for args in cases:
                 _agree(student, spec, devices.prepare(args, device), names, generator)
-                _gradcheck(student, spec, devices.prepare(args, device))
+                if isinstance(student, probe.StudentProxy):
+                    _finite_differences(student, spec, devices.prepare(args, device), names, generator)
+                else:
+                    _gradcheck(student, spec, devices.prepare(args, device))
         meta = _meta(student, cases[0], names)
     checked = "forward, backward and double backward" if spec.double_backward else "forward and backward"
     tools = "gradcheck and gradgradcheck pass" if spec.double_backward else "gradcheck passes"
@@ -169,9 +172,10 @@ def _compare_grad(spec, args, i, name, want, got, want_ones, shown) -> None:
     if torch.allclose(got, want, rtol=spec.rtol, atol=spec.atol):
         return
     wrong = ~torch.isclose(got, want, rtol=spec.rtol, atol=spec.atol)
-    cause = explain.gradient_cause(want, got, want_ones, rtol=spec.rtol, atol=spec.atol)
-    if cause is None and spec.hint is not None:
-        cause = spec.hint(tuple(a.detach().cpu() if isinstance(a, torch.Tensor) else a for a in args), i, wrong)
+    causes = [explain.gradient_cause(want, got, want_ones, rtol=spec.rtol, atol=spec.atol)]
+    if spec.hint is not None:
+        causes.append(spec.hint(tuple(a.detach().cpu() if isinstance(a, torch.Tensor) else a for a in args), i, wrong))
+    cause = " ".join(c for c in causes if c) or None
     fail(
         f"{label}.", *shown, f"expected {show(want)}", f"actual   {show(got)}",
         explain.mismatch(want, got, rtol=spec.rtol, atol=spec.atol), cause=cause,
@@ -238,21 +242,56 @@ def _gradcheck(student: Any, spec: FunctionSpec, args: tuple) -> None:
             )
 
 
+def _finite_differences(student: probe.StudentProxy, spec: FunctionSpec, args: tuple, names: list[str],
+                        generator: torch.Generator, eps: float = 1e-6) -> None:
+    """gradcheck for code that runs elsewhere: central differences of the student's own
+    forward values, computed here, against the student's vector-Jacobian products."""
+    __tracebackhide__ = True
+    slots = [i for i, a in enumerate(args) if probe.differentiable(a)]
+    plain = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
+    perturbed = []
+    for i in slots:
+        for j in range(plain[i].numel()):
+            for step in (eps, -eps):
+                moved = plain[i].clone()
+                moved.view(-1)[j] += step
+                perturbed.append(tuple(moved if k == i else a for k, a in enumerate(plain)))
+    results = probe.forward_many(student, perturbed)
+    shown = _describe(args, names)
+    for result in results:
+        if isinstance(result, probe.ProbeError):
+            _fail_error(spec, result, names, shown)
+    diffs = [r for r in results if not isinstance(r, probe.ProbeError)]
+    outs = [o for o in diffs[0] if o.is_floating_point()] if diffs else []
+    vs = [torch.randn(o.shape, generator=generator, dtype=o.dtype) for o in outs]
+    analytical = probe.run(student, args, [vs]).grads[0]
+    column = 0
+    for n, i in enumerate(slots):
+        got = analytical[n]
+        got = torch.zeros_like(plain[i]) if got is None else got.cpu()
+        for j in range(plain[i].numel()):
+            plus, minus = diffs[column], diffs[column + 1]
+            column += 2
+            numeric = sum(float(((p - m) * v).sum()) for p, m, v in zip(
+                [o for o in plus if o.is_floating_point()], [o for o in minus if o.is_floating_point()], vs)) / (2 * eps)
+            if abs(numeric - float(got.view(-1)[j])) > 1e-5 + 1e-3 * abs(numeric):
+                name = names[i] if i < len(names) else f"input {i}"
+                fail(
+                    f"{spec.name}: backward disagrees with finite differences of your own forward "
+                    f"(gradient for `{name}`, entry {j}).",
+                    *shown, f"numerical {numeric:.6g}", f"analytical {float(got.view(-1)[j]):.6g}",
+                    cause="backward must be the derivative of forward, linear in grad_output.",
+                )
+
+
 def _meta(student: Any, args: tuple, names: list[str]) -> str:
     """Run on the meta device: a tensor hard-coded on the CPU shows up without a GPU."""
     __tracebackhide__ = True
     meta_args = devices.prepare(args, "meta")
-    wrt = [a for a in meta_args if probe.differentiable(a)]
-    stage = "forward"
-    try:
-        outs = probe.outputs_of(probe.as_callable(student)(*meta_args))
-        outs = [o for o in outs if probe.differentiable(o) and o.requires_grad]
-        stage = "backward"
-        torch.autograd.grad(outs, wrt, [torch.ones_like(o) for o in outs], allow_unused=True)
-    except Exception as exc:  # the student's code may raise anything
-        message = str(exc)
-        if "expected device" in message or "is not on the expected device" in message:
-            what, cause = explain.error(stage, type(exc).__name__, message, names)
-            fail(f"on another device (meta) {what}.", *_describe(meta_args, names), cause=cause)
-        return f"meta device: not checked ({type(exc).__name__} from an operation meta tensors do not support)."
-    return "meta device: no tensor is tied to the CPU."
+    error = probe.meta(student, meta_args)
+    if error is None:
+        return "meta device: no tensor is tied to the CPU."
+    if "expected device" in error.message or "is not on the expected device" in error.message:
+        what, cause = explain.error(error.stage, error.type, error.message, names)
+        fail(f"on another device (meta) {what}.", *_describe(meta_args, names), cause=cause)
+    return f"meta device: not checked ({error.type} from an operation meta tensors do not support)."

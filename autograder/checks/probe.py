@@ -1,10 +1,11 @@
-"""Run a differentiable callable once and record what it computes, without judging.
+"""Run student code and record what it computes, without judging.
 
-A probe is the only part of a check that executes the student's code. It returns plain
+Probes are the only part of a check that executes the student's code. They return plain
 tensors (forward outputs, vector-Jacobian products, second-order products) and the first
-error with the stage it happened in. The judge (:mod:`autograder.checks.functions`)
-compares probes of the student's code and of a reference; keeping the two apart lets the
-grader run probes in the student's process and judge in its own.
+error with the stage it happened in. The judges (e.g. :mod:`autograder.checks.functions`)
+compare probes of the student's code and of a reference. Keeping the two apart lets the
+grader judge in its own process: given a `StudentProxy` (see :mod:`.remote`) instead of
+the student's object, every probe is answered by the student's process.
 """
 from __future__ import annotations
 
@@ -35,6 +36,22 @@ class Probe:
     error: ProbeError | None = None
 
 
+class StudentProxy:
+    """A student's object that lives in another process (implemented in .remote)."""
+
+    def argument_names(self) -> list[str]:
+        raise NotImplementedError
+
+    def run(self, args: Sequence[Any], grad_outputs, grad_grads) -> "Probe":
+        raise NotImplementedError
+
+    def forward_many(self, arg_sets: list[tuple]) -> list[list[torch.Tensor] | ProbeError]:
+        raise NotImplementedError
+
+    def meta(self, args: Sequence[Any]) -> ProbeError | None:
+        raise NotImplementedError
+
+
 def as_callable(fn: Any) -> Callable[..., Any]:
     """`Function` subclasses are called through `.apply`; anything else directly."""
     if isinstance(fn, type) and issubclass(fn, torch.autograd.Function):
@@ -44,6 +61,8 @@ def as_callable(fn: Any) -> Callable[..., Any]:
 
 def argument_names(fn: Any) -> list[str]:
     """Names of the arguments a student's Function (or function) takes, without ctx."""
+    if isinstance(fn, StudentProxy):
+        return fn.argument_names()
     target = fn.forward if isinstance(fn, type) and issubclass(fn, torch.autograd.Function) else fn
     try:
         params = list(inspect.signature(target).parameters)
@@ -75,6 +94,8 @@ def run(
     `grad_outputs[k]` has one tensor per floating-point output. When `grad_grads` is
     given, the first backward builds a graph and is differentiated again with it.
     """
+    if isinstance(fn, StudentProxy):
+        return fn.run(args, grad_outputs, grad_grads)
     call = as_callable(fn)
     probe = Probe()
     wrt = [a for a in args if differentiable(a) and a.requires_grad]
@@ -121,3 +142,33 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.device.type == "meta":
         return True
     return a.shape == b.shape and bool(torch.allclose(a.detach(), b, rtol=0, atol=0, equal_nan=True))
+
+
+def forward(fn: Any, args: Sequence[Any]) -> list[torch.Tensor] | ProbeError:
+    """The forward outputs of `fn(*args)` without recording a graph, or the error."""
+    try:
+        with torch.no_grad():
+            return [t.detach() for t in outputs_of(as_callable(fn)(*args))]
+    except Exception as exc:  # the student's code may raise anything
+        return ProbeError("forward", type(exc).__name__, str(exc))
+
+
+def forward_many(fn: Any, arg_sets: list[tuple]) -> list[list[torch.Tensor] | ProbeError]:
+    if isinstance(fn, StudentProxy):
+        return fn.forward_many(arg_sets)
+    return [forward(fn, args) for args in arg_sets]
+
+
+def meta(fn: Any, args: Sequence[Any]) -> ProbeError | None:
+    """Forward and backward on `meta` tensors (shapes and devices only), or the error."""
+    if isinstance(fn, StudentProxy):
+        return fn.meta(args)
+    wrt = [a for a in args if differentiable(a)]
+    stage = "forward"
+    try:
+        outs = [o for o in outputs_of(as_callable(fn)(*args)) if differentiable(o) and o.requires_grad]
+        stage = "backward"
+        torch.autograd.grad(outs, wrt, [torch.ones_like(o) for o in outs], allow_unused=True)
+    except Exception as exc:  # the student's code may raise anything
+        return ProbeError(stage, type(exc).__name__, str(exc))
+    return None

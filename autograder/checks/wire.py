@@ -1,0 +1,118 @@
+"""Plain data and tensors as JSON plus raw buffers — the only form in which values leave
+a process that runs student code.
+
+Decoding builds nothing but dicts, lists, tuples, strings, numbers, booleans, None and
+CPU tensors of a few dtypes, checking every size against its buffer: a hostile peer can
+send wrong values, never code.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+DTYPES = {
+    str(dtype).removeprefix("torch."): dtype
+    for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+                  torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex128, torch.complex64)
+}
+MAX_DEPTH = 32
+
+
+class WireError(ValueError):
+    """A payload that is not plain data."""
+
+
+def encode(value: Any) -> tuple[Any, list[bytes]]:
+    """(JSON-able structure, buffers) for `value`."""
+    buffers: list[bytes] = []
+
+    def walk(v: Any, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            raise WireError("payload nested too deeply")
+        if v is None or isinstance(v, (bool, int, str)):
+            return v
+        if isinstance(v, float):
+            return v if v == v and abs(v) != float("inf") else {"__float__": repr(v)}
+        if isinstance(v, torch.Tensor):
+            t = v.detach()
+            if t.device.type == "meta":
+                return {"__meta__": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+            t = t.to("cpu").contiguous()
+            buffers.append(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            return {"__tensor__": len(buffers) - 1, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+        if isinstance(v, tuple):
+            return {"__tuple__": [walk(x, depth + 1) for x in v]}
+        if isinstance(v, list):
+            return [walk(x, depth + 1) for x in v]
+        if isinstance(v, dict):
+            if not all(isinstance(k, str) for k in v):
+                raise WireError("only string keys can be sent")
+            return {"__dict__": {k: walk(x, depth + 1) for k, x in v.items()}}
+        if isinstance(v, torch.Size):
+            return {"__tuple__": list(v)}
+        raise WireError(f"{type(v).__name__} cannot be sent (plain data and tensors only)")
+
+    return walk(value, 0), buffers
+
+
+def decode(structure: Any, buffers: Sequence[bytes]) -> Any:
+    """The value `encode` produced, rebuilt from untrusted input."""
+
+    def walk(v: Any, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            raise WireError("payload nested too deeply")
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return v
+        if isinstance(v, list):
+            return [walk(x, depth + 1) for x in v]
+        if not isinstance(v, dict) or len(v) == 0:
+            raise WireError("malformed payload")
+        if "__float__" in v:
+            text = v["__float__"]
+            if text not in ("nan", "inf", "-inf"):
+                raise WireError("malformed float")
+            return float(text)
+        if "__tuple__" in v:
+            return tuple(walk(x, depth + 1) for x in _list(v["__tuple__"]))
+        if "__dict__" in v:
+            items = v["__dict__"]
+            if not isinstance(items, dict):
+                raise WireError("malformed dict")
+            return {str(k): walk(x, depth + 1) for k, x in items.items()}
+        if "__meta__" in v:
+            return torch.empty(_shape(v["__meta__"]), dtype=_dtype(v.get("dtype")), device="meta")
+        if "__tensor__" in v:
+            index, dtype, shape = v["__tensor__"], _dtype(v.get("dtype")), _shape(v.get("shape"))
+            if not isinstance(index, int) or not 0 <= index < len(buffers):
+                raise WireError("tensor refers to a missing buffer")
+            data = buffers[index]
+            numel = 1
+            for n in shape:
+                numel *= n
+            if len(data) != numel * torch.empty((), dtype=dtype).element_size():
+                raise WireError("tensor size does not match its buffer")
+            if numel == 0:
+                return torch.empty(shape, dtype=dtype)
+            return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape)
+        raise WireError("malformed payload")
+
+    return walk(structure, 0)
+
+
+def _list(v: Any) -> list:
+    if not isinstance(v, list):
+        raise WireError("malformed payload")
+    return v
+
+
+def _dtype(name: Any) -> torch.dtype:
+    if name not in DTYPES:
+        raise WireError(f"dtype {name!r} is not accepted")
+    return DTYPES[name]
+
+
+def _shape(shape: Any) -> list[int]:
+    if not isinstance(shape, list) or len(shape) > 16 or not all(isinstance(n, int) and 0 <= n < 1 << 31 for n in shape):
+        raise WireError("malformed shape")
+    return shape
