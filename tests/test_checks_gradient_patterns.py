@@ -84,22 +84,52 @@ def test_unbroadcast_right():
     gp.check_unbroadcast(unbroadcast)
 
 
-def _loop_without_keepdim(grad, shape):
+def _dims(grad, shape):
+    """(prepended dims, expanded dims) of grad for an input of shape `shape`."""
     lead = grad.dim() - len(shape)
-    dims = [*range(lead), *(lead + i for i, n in enumerate(shape) if n == 1)]
-    return grad.sum(dims) if dims else grad
+    return list(range(lead)), [lead + i for i, n in enumerate(shape) if n == 1]
+
+
+def _summed(grad, dims, keepdim=False):
+    return grad.sum(dims, keepdim=keepdim) if dims else grad
+
+
+def _empty_tuple_trap(grad, shape):
+    prepended, expanded = _dims(grad, shape)
+    return _summed(grad.sum(dim=tuple(prepended)), [d - len(prepended) for d in expanded], keepdim=True)
+
+
+def _prepended_only(grad, shape):
+    return _summed(grad, _dims(grad, shape)[0])
+
+
+def _expanded_only(grad, shape):
+    return _summed(grad, _dims(grad, shape)[1], keepdim=True)
+
+
+def _without_keepdim(grad, shape):
+    prepended, expanded = _dims(grad, shape)
+    return _summed(grad, prepended + expanded)
+
+
+def _from_the_left(grad, shape):
+    trailing = list(range(len(shape), grad.dim()))
+    return _summed(_summed(grad, trailing), [i for i, n in enumerate(shape) if n == 1], keepdim=True)
+
+
+def _mean(grad, shape):
+    return grad.sum_to_size(shape) * (math.prod(shape) / max(1, grad.numel()))
 
 
 @pytest.mark.parametrize(
     "student, expected",
     [
-        (lambda g, s: g.sum(dim=tuple(range(g.dim() - len(s)))), "sums over *every* dim"),
-        (lambda g, s: g.sum(list(range(g.dim() - len(s)))) if g.dim() > len(s) else g, "only the prepended dims"),
-        (lambda g, s: g.sum([i for i in range(g.dim()) if i >= g.dim() - len(s) and s[i - g.dim() + len(s)] == 1],
-                            keepdim=True), "prepended are still there"),
-        (_loop_without_keepdim, "without keepdim=True"),
-        (lambda g, s: g.sum(list(range(len(s), g.dim()))) if g.dim() > len(s) else g, "matched from the left"),
-        (lambda g, s: g.sum_to_size(s) / (g.numel() // max(1, math.prod(s))), "not the mean"),
+        (_empty_tuple_trap, "sums over *every* dim"),
+        (_prepended_only, "only the prepended dims"),
+        (_expanded_only, "prepended are still there"),
+        (_without_keepdim, "without keepdim=True"),
+        (_from_the_left, "matched from the left"),
+        (_mean, "not the mean"),
     ],
 )
 def test_unbroadcast_names_each_known_mistake(student, expected):
@@ -217,9 +247,14 @@ def test_mean_right():
     gp.check_mean(_mean())
 
 
-def test_mean_without_unsqueeze_gets_the_hint():
+def test_mean_without_unsqueeze_on_a_square_input_is_a_transpose():
     message = fails(gp.check_mean, _mean(unsqueeze=False))
-    assert "wrong gradient for `x`" in message and "unsqueeze grad_output at dim 1" in message
+    assert "wrong gradient for `x`" in message and "transpose of the right one" in message
+
+
+def test_mean_hint_names_n_and_unsqueeze():
+    message = fails(gp.check_mean, _mean(unsqueeze=False), specs=[((3, 3, 3), 1, False)])
+    assert "contributes 1/3" in message and "unsqueeze grad_output at dim 1" in message
 
 
 def test_mean_wrong_number_of_gradients():
@@ -318,8 +353,8 @@ def test_conv2d_right():
     gp.check_conv2d(_conv(lambda g: g.sum((0, 2, 3))))
 
 
-def test_conv2d_bias_gradient_over_the_wrong_dims():
-    message = fails(gp.check_conv2d, _conv(lambda g: g.sum((0, 2, 3)) * 2))
+def test_conv2d_bias_gradient_of_the_first_sample_only():
+    message = fails(gp.check_conv2d, _conv(lambda g: g[0].sum((1, 2))), sizes=[((2, 1, 3, 4), (2, 1, 2, 3), True, 1, 1)])
     assert "wrong gradient for `bias`" in message and "sum grad_output over dims 0, 2 and 3" in message
 
 

@@ -17,6 +17,13 @@ def error(stage: str, kind: str, message: str, arg_names: list[str]) -> tuple[st
 
     if kind == "NotImplementedError":
         return f"{stage} raised NotImplementedError", NOT_IMPLEMENTED
+    m = re.search(r"backward\(\) takes (\d+) positional arguments? but (\d+) were given", message)
+    if m:
+        return (
+            f"backward takes {int(m[1]) - 1} gradient(s), but forward has {int(m[2]) - 1} output(s)",
+            "backward receives one gradient per output of forward, non-differentiable outputs "
+            "included: backward(ctx, grad_out1, grad_out2, ...).",
+        )
     m = re.search(r"incorrect number of gradients \(expected (\d+), got (\d+)\)", message)
     if m:
         expected, got = int(m[1]), int(m[2])
@@ -127,10 +134,12 @@ def gradient_cause(
         )
     if not bool(actual.any()) and bool(expected.any()):
         return "the gradient is all zeros: is backward returning a placeholder?"
+    if expected.numel() == 1:  # one number is always a multiple of another: no pattern to see
+        return None
     if close(actual, -expected):
         return "the gradient has the wrong sign."
     norm = float((expected * expected).sum())
-    if norm > 0 and expected.numel() > 1:  # one number is always a multiple of another
+    if norm > 0:
         factor = float((actual * expected).sum()) / norm
         if abs(factor - 1) > 1e-3 and close(actual, factor * expected):
             return f"the gradient is {factor:.4g} times the right one everywhere: a constant factor is off."

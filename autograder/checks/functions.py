@@ -34,7 +34,6 @@ class FunctionSpec:
     reference: Callable[..., Any]
     cases: Callable[[torch.Generator], list[tuple]]
     double_backward: bool = False
-    modifies_inputs: bool = False  # an in-place Function (declared with ctx.mark_dirty)
     hint: Hint | None = None
     rtol: float = 1e-6
     atol: float = 1e-9
@@ -91,7 +90,7 @@ def _agree(student: Any, spec: FunctionSpec, args: tuple, names: list[str], gene
     if error and error.stage == "forward":
         _fail_error(spec, error, names, shown)
     _compare_outputs(spec, expected.outputs, actual.outputs, shown)
-    if actual.modified and not spec.modifies_inputs:
+    if actual.modified:
         name = names[actual.modified[0]] if actual.modified[0] < len(names) else f"input {actual.modified[0]}"
         fail(
             f"{spec.name}: forward modified its input `{name}` in place.", *shown,

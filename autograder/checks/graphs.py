@@ -26,10 +26,10 @@ from .report import quiet
 BACKWARD_PASS_COLOUR = "plum"  # ours; torchviz draws nodes grey
 LEAF_COLOUR = "lightblue"  # torchviz's colour for leaves
 INSTALL_DOT = (
-    "Graphviz's `dot` program is not installed, so the graph is shown as text. To draw it, "
-    "install Graphviz: `apt-get install graphviz` (Debian, Ubuntu, Colab: `!apt-get install -y graphviz`), "
-    "`brew install graphviz` (macOS), `conda install -c conda-forge graphviz`, or the installer "
-    "from https://graphviz.org/download/ (Windows; add it to PATH), then restart the kernel."
+    "Graphviz's `dot` program is not installed, so here is the graph as text. To draw it, install "
+    "Graphviz (`apt-get install graphviz`; in Colab `!apt-get install -y graphviz`; `brew install "
+    "graphviz`; `conda install -c conda-forge graphviz`; Windows: https://graphviz.org/download/) "
+    "and restart the kernel."
 )
 INSTALL_TORCHVIZ = "torchviz is not installed, so the graph is shown as text: `pip install torchviz`."
 FREED = (
@@ -46,7 +46,8 @@ class Node:
     saved: list[str]  # what it saved for backward: tensor names, or "unnamed (shape)"
     leaf: str | None  # for AccumulateGrad: the leaf whose .grad it fills
     backward_pass: bool  # recorded while computing a gradient with create_graph=True
-    inputs: list[str] = field(default_factory=list)  # names of the nodes it leads to
+    # The nodes backward goes on to (torch's next_functions); drawn as arrows into this node.
+    next_functions: list[str] = field(default_factory=list)
     freed: bool = False  # its saved tensors were freed by a backward pass
 
 
@@ -66,7 +67,10 @@ class Graph:
 
     def saved_by(self, name: str) -> list[str]:
         """What the node called `name` saved (the first one with that name)."""
-        return next(n.saved for n in self.nodes if n.name == name)
+        for node in self.nodes:
+            if node.name == name:
+                return node.saved
+        raise KeyError(f"no node is called {name!r}; the nodes are {', '.join(n.name for n in self.nodes)}")
 
     def backward_pass(self) -> list[str]:
         """Names of the nodes recorded by a backward pass with create_graph=True."""
@@ -156,16 +160,16 @@ def _name_of(t: torch.Tensor, names: Mapping[str, torch.Tensor]) -> str:
 
 def _node(fn, names: Mapping[str, torch.Tensor], *, backward_pass: bool) -> Node:
     leaf = _name_of(fn.variable, names) if hasattr(fn, "variable") else None
-    inputs = [type(n).__name__ for n, _ in fn.next_functions if n is not None]
+    next_functions = [type(n).__name__ for n, _ in fn.next_functions if n is not None]
     try:
         saved = [_name_of(t, names) for t in _saved_tensors(fn)]
     except RuntimeError:  # freed by a backward pass
-        return Node(type(fn).__name__, [], leaf, backward_pass, inputs, freed=True)
-    return Node(type(fn).__name__, saved, leaf, backward_pass, inputs)
+        return Node(type(fn).__name__, [], leaf, backward_pass, next_functions, freed=True)
+    return Node(type(fn).__name__, saved, leaf, backward_pass, next_functions)
 
 
 def _text(outputs, grads, fns: list, nodes: list[Node]) -> str:
-    """The graph as an indented tree: each root, then the nodes it leads to."""
+    """The graph as an indented tree: each root's grad_fn, then its next functions."""
     index = {fn: i for i, fn in enumerate(fns)}
     lines, shown = [], set()
 

@@ -133,7 +133,7 @@ def _second_order(
     if not tracked:  # the gradient does not depend on anything: all second derivatives are zero
         return [None] * len(wrt)
     grads2 = torch.autograd.grad(
-        [g for g, _ in tracked], wrt, [u for _, u in tracked], allow_unused=True
+        [g for g, _ in tracked], wrt, [u for _, u in tracked], allow_unused=True, retain_graph=True
     )
     return [None if g is None else g.detach() for g in grads2]
 

@@ -9,13 +9,14 @@ a view of one of them (the same storage, another layout), or an intermediate tha
 only for backward. Tensors stashed as attributes of ctx (`ctx.y = y`) never reach the
 hooks; they are found on the graph node, which is the ctx object itself.
 
-`check_saved` compares a recording with what an exercise expects and explains a mismatch.
+`check_saved` compares a recording with what an exercise expects and explains a mismatch;
+then it runs backward once, which must leave the saved tensors and grad_output unchanged.
 """
 from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
@@ -23,7 +24,7 @@ import torch
 from . import explain, probe
 from .report import fail, quiet
 
-KINDS = ("input", "output", "intermediate")
+KINDS = ("input", "output", "intermediate")  # whose memory a saved tensor is
 
 STASHED = (
     "autograd cannot see a tensor stored as an attribute of ctx: it cannot check its version "
@@ -200,7 +201,9 @@ def summary(recording: Recording, names: Names = Names()) -> str:
         f"saved {n} tensor{'s' * (n != 1)}, {recording.nbytes} bytes"
         + (f" ({share} in intermediates, kept alive only for backward)" if extra else "")
     ]
-    lines += [f"  {describe(s, recording, names)}, {str(s.tensor.dtype).removeprefix('torch.')}" for s in recording.saved]
+    lines += [
+        f"  {describe(s, recording, names)}, {str(s.tensor.dtype).removeprefix('torch.')}" for s in recording.saved
+    ]
     lines += [
         f"  stashed on ctx, invisible to autograd: ctx.{path} = {describe(s, recording, names)}"
         for path, s in recording.stashed.items()
@@ -235,7 +238,7 @@ def check_saved(student: Any, rule: SaveRule, args: tuple) -> Recording:
     fail unless it saved exactly what `rule` expects, nothing on ctx, and backward left
     the saved tensors and grad_output unchanged. Returns the recording."""
     __tracebackhide__ = True
-    names = rule.names if rule.names.args else _with_args(rule.names, probe.argument_names(student))
+    names = rule.names if rule.names.args else replace(rule.names, args=probe.argument_names(student))
     with quiet():
         try:
             recording = record(student, *args)
@@ -249,7 +252,7 @@ def check_saved(student: Any, rule: SaveRule, args: tuple) -> Recording:
         path, s = next(iter(recording.stashed.items()))
         fail(
             f"{rule.name}: tensor `ctx.{path}` ({describe(s, recording, names)}) is stashed on ctx.",
-            cause=STASHED.format(cycle=CYCLE if s.kind == "output" and not s.view else ""),
+            cause=STASHED.format(cycle=CYCLE if s.kind == "output" and s.tensor.grad_fn is not None else ""),
         )
     got = Counter(s.role for s in recording.saved)
     unexpected = got - Counter(rule.expected)
@@ -285,9 +288,9 @@ def _check_backward_leaves_alone(name: str, recording: Recording, names: Names) 
         if not torch.equal(s.tensor.detach(), before):
             fail(
                 f"{name}: backward modified a saved tensor in place: {describe(s, recording, names)}.",
-                cause="a saved input or output is also the caller's tensor, so its values change under "
-                "the caller's feet, and a second backward fails the version check. Compute into a new "
-                "tensor (`1 - y * y`, not `y.pow_(2)`).",
+                cause="a saved input or output is the caller's tensor too, whose values then change "
+                "under the caller's feet, and a second backward fails the version check. Compute into "
+                "a new tensor (`1 - y * y`, not `y.pow_(2)`).",
             )
     if any(not torch.equal(g, before) for g, before in zip(grads, grads_before)):
         fail(
@@ -306,10 +309,6 @@ def _signature_cause(message: str, n_outputs: int) -> str | None:
         f"backward receives ctx and one gradient per output of forward ({n_outputs} here), "
         "non-differentiable outputs included: give it one parameter for each."
     )
-
-
-def _with_args(names: Names, args: Sequence[str]) -> Names:
-    return Names(args=args, outputs=names.outputs, known=names.known)
 
 
 def _owner(role: str, names: Names, n_outputs: int) -> str:

@@ -6,10 +6,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..checks import devices, explain, inputs, probe
+from ..checks import devices, explain, inputs
 from ..checks.functions import FunctionSpec, check_function
 from ..checks.report import fail, passed, quiet, show
-from ..checks.saved import Names, Recording, SaveRule, check_saved, record
+from ..checks.saved import KINDS, Names, Recording, SaveRule, check_saved, record
 
 Cases = Callable[[torch.Generator], list[tuple]]
 
@@ -248,7 +248,7 @@ def _entries(result: Any, call: str) -> list[tuple]:
         if not isinstance(entry, (list, tuple)) or len(entry) != 3:
             fail(f"{form}; on `{call}` one entry is {entry!r}.")
         kind, shape, nbytes = entry
-        if kind not in ("input", "output", "intermediate"):
+        if kind not in KINDS:
             fail(f"{form}; kind must be 'input', 'output' or 'intermediate', got {kind!r} on `{call}`.")
         entries.append((kind, tuple(shape), int(nbytes)))
     return entries
@@ -301,6 +301,7 @@ SIGMOID_SAVES = SaveRule(
         "1 + exp(-x)": lambda x: 1 + torch.exp(-x),
         "exp(x)": torch.exp,
         "sigmoid'(x)": lambda x: torch.sigmoid(x) * (1 - torch.sigmoid(x)),
+        "sigmoid(x), but not the tensor forward returns,": torch.sigmoid,
     }),
     reasons={
         "input": "backward then recomputes sigmoid(x), which forward already computed; "
@@ -331,7 +332,7 @@ TANH_SAVES = SaveRule(
     name="Tanh_",
     expected=("output 0",),
     fix="save x after x.tanh_(): its memory now holds the output y, and tanh'(x) = 1 − y²",
-    names=Names(known={"x.clone()": lambda x: x, "tanh(x)": torch.tanh}),
+    names=Names(known={"x.clone()": lambda x: x, "tanh(x), but not x itself,": torch.tanh}),
     reasons={
         "intermediate": "an in-place Function exists to save memory, and a second tensor undoes "
         "that; the derivative 1 − y² needs only the output, which the input's memory now holds.",

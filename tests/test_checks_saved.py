@@ -1,0 +1,233 @@
+"""Unit tests of autograder.checks.saved: recording what a Function saved, and check_saved."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autograder.checks.report import CheckFailed
+from autograder.checks.saved import Names, SaveRule, check_saved, classify, record, show_saved, summary
+
+
+def leaf(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+
+
+def function(forward, backward=lambda ctx, g: g):
+    """A Function class from two plain functions."""
+    return type("Fn", (torch.autograd.Function,), {
+        "forward": staticmethod(forward), "backward": staticmethod(backward),
+    })
+
+
+def saves_output(ctx, x):
+    y = x.exp()
+    ctx.save_for_backward(y)
+    return y
+
+
+def exp_backward(ctx, g):
+    (y,) = ctx.saved_tensors
+    return g * y
+
+
+Exp = function(saves_output, exp_backward)
+
+
+# --- record and classify -------------------------------------------------------------------
+
+def roles(fn, *args) -> list[str]:
+    return [s.role for s in record(fn, *args).saved]
+
+
+def test_an_input_an_output_and_an_intermediate_are_told_apart():
+    def forward(ctx, x):
+        y = x.exp()
+        ctx.save_for_backward(x, y, y * 2)
+        return y
+
+    assert roles(function(forward), leaf(3)) == ["input 0", "output 0", "intermediate"]
+
+
+def test_views_share_the_storage_but_not_the_layout():
+    def forward(ctx, x):
+        ctx.save_for_backward(x[1:], x.T)
+        return x * 1
+
+    assert roles(function(forward), leaf(3, 2)) == ["view of input 0", "view of input 0"]
+
+
+def test_the_output_of_an_in_place_function_counts_as_the_output():
+    def forward(ctx, x):
+        x.exp_()
+        ctx.mark_dirty(x)
+        ctx.save_for_backward(x)
+        return x
+
+    assert roles(function(forward, exp_backward), leaf(3) * 1) == ["output 0"]
+
+
+def test_an_integer_output_and_the_bytes_of_each_dtype():
+    def forward(ctx, x):
+        values, indices = x.sort()
+        ctx.save_for_backward(indices, x > 0)
+        return values, indices
+
+    recording = record(function(forward, lambda ctx, g, gi: g), leaf(5))
+    assert [(s.role, s.tensor.dtype, s.nbytes) for s in recording.saved] == [
+        ("output 1", torch.int64, 40), ("intermediate", torch.bool, 5),
+    ]
+    assert recording.nbytes == 45
+
+
+def test_nothing_is_saved_without_a_graph():
+    assert record(Exp, leaf(3).detach()).saved == []
+
+
+def test_a_second_argument_that_needs_no_grad_is_still_an_input():
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return a * b
+
+    assert roles(function(forward, lambda ctx, g: (g, g)), leaf(2), leaf(2).detach()) == ["input 0", "input 1"]
+
+
+def test_tensors_stashed_on_ctx_are_found_in_attributes_lists_and_dicts():
+    def forward(ctx, x):
+        y = x.exp()
+        ctx.y, ctx.cache, ctx.scale = y, [x, {"e": y * 2}], 3.0
+        return y
+
+    stashed = record(function(forward), leaf(3)).stashed
+    assert {path: s.role for path, s in stashed.items()} == {
+        "y": "output 0", "cache[0]": "input 0", "cache[1]['e']": "intermediate",
+    }
+
+
+def test_classify_falls_back_to_an_intermediate():
+    x = torch.ones(2)
+    assert classify(x.clone(), (x,), []).role == "intermediate"
+
+
+# --- summary and show_saved ----------------------------------------------------------------
+
+def test_summary_names_known_intermediates_and_stashes(capsys):
+    def forward(ctx, x):
+        e = torch.exp(-x)
+        ctx.save_for_backward(e)
+        ctx.y = 1 / (1 + e)
+        return ctx.y
+
+    x = leaf(3)
+    text = summary(record(function(forward), x), Names(args=["x"], known={"exp(-x)": lambda x: torch.exp(-x)}))
+    assert text.splitlines() == [
+        "saved 1 tensor, 24 bytes (all in intermediates, kept alive only for backward)",
+        "  the intermediate exp(-x) of shape (3,), 24 bytes, float64",
+        "  stashed on ctx, invisible to autograd: ctx.y = the output of shape (3,), 24 bytes",
+    ]
+    show_saved(Exp, x)
+    assert capsys.readouterr().out.splitlines() == ["Fn: saved 1 tensor, 24 bytes", "  the output of shape (3,), 24 bytes, float64"]
+
+
+# --- check_saved ---------------------------------------------------------------------------
+
+RULE = SaveRule(
+    name="Exp", expected=("output 0",), fix="save the output instead",
+    names=Names(known={"exp(x)": torch.exp}), reasons={"input": "backward would compute exp again."},
+)
+
+
+def failure(fn, rule=RULE, *args) -> str:
+    with pytest.raises(CheckFailed) as info:
+        check_saved(fn, rule, args or (leaf(3),))
+    return str(info.value)
+
+
+def test_check_saved_passes_and_returns_the_recording():
+    recording = check_saved(Exp, RULE, (leaf(4),))
+    assert recording.nbytes == 32
+
+
+def test_a_stashed_output_is_rejected_with_the_reasons():
+    def forward(ctx, x):
+        ctx.y = x.exp()
+        return ctx.y
+
+    message = failure(function(forward, lambda ctx, g: g * ctx.y))
+    assert message.startswith("Exp: tensor `ctx.y` (the output of shape (3,), 24 bytes) is stashed on ctx.")
+    for reason in ("check its version", "free it after backward", "saved-tensor hooks", "reference cycle",
+                   "ctx.save_for_backward"):
+        assert reason in message
+
+
+def test_a_stash_without_a_grad_fn_makes_no_cycle():
+    def forward(ctx, x):
+        values, ctx.indices = x.sort()
+        ctx.mark_non_differentiable(ctx.indices)
+        return values, ctx.indices
+
+    rule = SaveRule(name="Sort", expected=("output 1",), fix="save the indices", names=Names(outputs=("v", "indices")))
+    message = failure(function(forward, lambda ctx, g, gi: g), rule)
+    assert "`ctx.indices` (the output `indices` of shape (3,), 24 bytes)" in message
+    assert "cycle" not in message
+
+
+def test_an_unexpected_intermediate_is_named_with_its_size_and_why():
+    def forward(ctx, x):
+        e = x.exp()
+        ctx.save_for_backward(e)
+        return e * 1
+
+    message = failure(function(forward, exp_backward))
+    assert message.splitlines()[0] == "Exp saved the intermediate exp(x) of shape (3,), 24 bytes: save the output instead."
+    assert "double backward" in message and "memory" in message
+
+
+def test_an_unexpected_input_gets_the_exercise_reason():
+    def forward(ctx, x):
+        ctx.save_for_backward(x, x.exp())
+        return x.exp()
+
+    message = failure(function(forward))
+    assert message.startswith("Exp saved the input `x` of shape (3,), 24 bytes: save the output instead.")
+    assert "Likely cause: backward would compute exp again." in message
+
+
+def test_an_expected_tensor_that_is_missing():
+    rule = SaveRule(name="Exp", expected=("output 0", "input 0"), fix="save both")
+    assert failure(Exp, rule).startswith("Exp does not save the input `x`: save both.")
+
+
+def test_backward_that_modifies_a_saved_tensor():
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return g * y.add_(1)
+
+    assert "backward modified a saved tensor in place: the output" in failure(function(saves_output, backward))
+
+
+def test_backward_that_modifies_grad_output():
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return g.mul_(y)
+
+    assert "backward modified grad_output in place" in failure(function(saves_output, backward))
+
+
+def test_backward_with_too_few_parameters_for_the_outputs():
+    def forward(ctx, x):
+        values, indices = x.sort()
+        ctx.save_for_backward(indices)
+        return values, indices
+
+    def backward(ctx, grad_values):  # no parameter for the gradient of the indices
+        return grad_values
+
+    rule = SaveRule(name="Sort", expected=("output 1",), fix="save the indices")
+    assert "one gradient per output of forward (2 here)" in failure(function(forward, backward), rule)
+
+
+def test_forward_not_implemented():
+    def forward(ctx, x):
+        raise NotImplementedError()
+
+    assert "not implemented yet" in failure(function(forward))
