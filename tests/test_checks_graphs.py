@@ -86,7 +86,7 @@ def test_nodes_recorded_by_the_backward_pass_are_marked_and_coloured():
     graph = graphs.draw({"out": out}, {"grad_x": grad_x}, inputs={"x": x, "grad_out": grad_out})
     assert graph.backward_pass() == ["MulBackward0"]
     mul = next(n for n in graph.nodes if n.name == "MulBackward0")
-    assert mul.inputs == ["ExpBackward"] and mul.saved == ["grad_out"]
+    assert mul.next_functions == ["ExpBackward"] and mul.saved == ["grad_out"]
     assert _last_fillcolor(graph.source, id(grad_x.grad_fn)) == graphs.BACKWARD_PASS_COLOUR
     assert "[recorded by the backward pass]" in graph.text
 
@@ -117,6 +117,13 @@ def test_after_backward_it_explains_instead_of_raising():
     assert graph._repr_mimebundle_() == {"text/plain": str(graph)}
     assert "Draw the graph before calling `.backward()`" in str(graph)
     assert "saved tensors freed by a backward pass" in graph.text
+
+
+def test_saved_by_names_the_nodes_when_asked_for_a_missing_one():
+    x = _leaf()
+    graph = graphs.draw({"out": Square.apply(x)}, inputs={"x": x})
+    with pytest.raises(KeyError, match="the nodes are SquareBackward, AccumulateGrad"):
+        graph.saved_by("ExpBackward")
 
 
 def test_retain_graph_keeps_it_drawable():

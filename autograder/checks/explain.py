@@ -70,6 +70,12 @@ def error(stage: str, kind: str, message: str, arg_names: list[str]) -> tuple[st
             "the output of forward is not connected to autograd",
             "did forward return a detached tensor or something computed outside torch?",
         )
+    if "marked with @once_differentiable" in message:
+        return (
+            f"{stage} failed: the backward is marked @once_differentiable",
+            "a backward marked @once_differentiable cannot be differentiated again; remove the "
+            "decorator and compute the gradient with differentiable torch operations.",
+        )
     if "Trying to backward through the graph a second time" in message:
         return (
             f"{stage} failed: the saved tensors were already freed",

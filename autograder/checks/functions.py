@@ -9,7 +9,7 @@ a run on the `meta` device must not hit a tensor hard-coded on the CPU.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import torch
 from torch.autograd.gradcheck import GradcheckError

@@ -114,7 +114,7 @@ def draw(
         graph.message = FREED
         return graph
     with quiet():  # torchviz's DeprecationWarning must not reach stderr
-        dot = torchviz.make_dot(tuple(names[k] for k in [*outputs, *grads]), params=names, show_saved=True)
+        dot = torchviz.make_dot((*outputs.values(), *grads.values()), params=names, show_saved=True)
     _touch_up(dot, fns, nodes)
     graph.source = dot.source
     graph.svg, graph.message = _render(dot)
@@ -127,7 +127,7 @@ def _walk(roots) -> list[Any]:
     stack = [t.grad_fn for t in reversed(list(roots)) if t.grad_fn is not None]
     while stack:
         fn = stack.pop()
-        if fn is None or fn in seen:
+        if fn in seen:
             continue
         seen.add(fn)
         order.append(fn)

@@ -1,14 +1,16 @@
-"""Look inside a student's backward: which torch functions it calls."""
+"""Look inside a student's backward: which torch functions it calls, what it returns."""
 from __future__ import annotations
 
 import contextlib
 import inspect
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+from . import probe
 
 # Calls that multiply matrices: what a gradient nobody needs must not cost.
 MATMULS = frozenset(
@@ -62,3 +64,49 @@ def backward_calls(function: type[torch.autograd.Function]) -> Iterator[Backward
             function.backward = original
         else:
             del function.backward
+
+
+@dataclass
+class BackwardFacts:
+    """One backward of a student's Function, as seen from inside."""
+
+    calls: Counter[str]  # torch functions called, by name
+    returned: list[list[int] | str | None]  # per returned value: its shape, None, or its type's name
+    error: probe.ProbeError | None = None
+
+    @property
+    def matmuls(self) -> int:
+        return sum(n for name, n in self.calls.items() if name in MATMULS)
+
+
+def record_backward(function: type[torch.autograd.Function], args: tuple) -> BackwardFacts:
+    """Apply `function` to `args` (tensors keep their requires_grad), run backward with
+    gradients of ones, and report what its backward did.
+
+    Gathered in the student's process: a grader can only take it as best effort.
+    """
+    data = probe.invoke(_record_backward, function, tuple(args))
+    try:
+        calls = Counter({str(k): int(v) for k, v in data["calls"].items()})
+        returned = [r if r is None or isinstance(r, str) else [int(n) for n in r] for r in data["returned"]]
+        return BackwardFacts(calls, returned, probe.ProbeError.from_data(data["error"]))
+    except (AttributeError, KeyError, TypeError, ValueError) as bad:
+        raise probe.Malformed(f"malformed backward facts: {bad}") from None
+
+
+@probe.procedure
+def _record_backward(function: type[torch.autograd.Function], args: tuple) -> dict:
+    stage = "forward"
+    try:
+        with backward_calls(function) as record:
+            outs = [o for o in probe.outputs_of(function.apply(*args)) if probe.differentiable(o) and o.requires_grad]
+            stage = "backward"
+            wrt = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+            torch.autograd.grad(outs, wrt, [torch.ones_like(o) for o in outs], allow_unused=True)
+    except Exception as exc:  # the student's code may raise anything
+        error = asdict(probe.ProbeError(stage, type(exc).__name__, str(exc)))
+        return {"calls": dict(record.calls), "returned": [], "error": error}
+    first = record.returned[0] if record.returned else ()
+    first = first if isinstance(first, tuple) else (first,)
+    returned = [None if g is None else list(g.shape) if isinstance(g, torch.Tensor) else type(g).__name__ for g in first]
+    return {"calls": dict(record.calls), "returned": returned, "error": None}

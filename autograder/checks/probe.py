@@ -10,7 +10,7 @@ the student's object, every probe is answered by the student's process.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
@@ -21,6 +21,16 @@ class ProbeError:
     stage: str  # "forward", "backward" or "double backward"
     type: str
     message: str
+
+    @staticmethod
+    def from_data(data: Any) -> "ProbeError | None":
+        if data is None:
+            return None
+        if not isinstance(data, dict) or set(data) != {"stage", "type", "message"} or not all(
+            isinstance(v, str) for v in data.values()
+        ):
+            raise Malformed("malformed error report")
+        return ProbeError(**data)
 
 
 @dataclass
@@ -35,21 +45,55 @@ class Probe:
     modified: list[int] = field(default_factory=list)
     error: ProbeError | None = None
 
+    @staticmethod
+    def from_data(data: Any) -> "Probe":
+        try:
+            return Probe(
+                outputs=_tensors(data["outputs"]),
+                grads=[_tensors(g, optional=True) for g in data["grads"]],
+                grads2=None if data["grads2"] is None else _tensors(data["grads2"], optional=True),
+                modified=[i for i in data["modified"] if isinstance(i, int)],
+                error=ProbeError.from_data(data["error"]),
+            )
+        except (KeyError, TypeError) as bad:
+            raise Malformed(f"malformed probe: {bad}") from None
+
+
+def _tensors(values: Any, optional: bool = False) -> list:
+    if not isinstance(values, list) or not all(
+        isinstance(v, torch.Tensor) or (optional and v is None) for v in values
+    ):
+        raise Malformed("expected a list of tensors")
+    return values
+
 
 class StudentProxy:
-    """A student's object that lives in another process (implemented in .remote)."""
+    """A student's object in another process (see .remote): `invoke` runs a probe
+    procedure there and returns its plain-data result."""
 
-    def argument_names(self) -> list[str]:
+    def invoke(self, procedure: str, *args: Any) -> Any:
         raise NotImplementedError
 
-    def run(self, args: Sequence[Any], grad_outputs, grad_grads) -> "Probe":
-        raise NotImplementedError
 
-    def forward_many(self, arg_sets: list[tuple]) -> list[list[torch.Tensor] | ProbeError]:
-        raise NotImplementedError
+PROCEDURES: dict[str, Callable[..., Any]] = {}
 
-    def meta(self, args: Sequence[Any]) -> ProbeError | None:
-        raise NotImplementedError
+
+def procedure(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Register `fn(student_object, *plain_args) -> plain data`, which runs wherever the
+    student's object is (the only functions a grader may ask a student's process to run)."""
+    PROCEDURES[f"{fn.__module__}:{fn.__qualname__}"] = fn
+    return fn
+
+
+def invoke(proc: Callable[..., Any], student: Any, *args: Any) -> Any:
+    """`proc(student, *args)`, run in the student's process when `student` is a proxy."""
+    if isinstance(student, StudentProxy):
+        return student.invoke(f"{proc.__module__}:{proc.__qualname__}", *args)
+    return proc(student, *args)
+
+
+class Malformed(ValueError):
+    """Data from a student's process that does not have the expected form."""
 
 
 def as_callable(fn: Any) -> Callable[..., Any]:
@@ -61,8 +105,14 @@ def as_callable(fn: Any) -> Callable[..., Any]:
 
 def argument_names(fn: Any) -> list[str]:
     """Names of the arguments a student's Function (or function) takes, without ctx."""
-    if isinstance(fn, StudentProxy):
-        return fn.argument_names()
+    names = invoke(_argument_names, fn)
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise Malformed("malformed argument names")
+    return names
+
+
+@procedure
+def _argument_names(fn: Any) -> list[str]:
     target = fn.forward if isinstance(fn, type) and issubclass(fn, torch.autograd.Function) else fn
     try:
         params = list(inspect.signature(target).parameters)
@@ -94,8 +144,12 @@ def run(
     `grad_outputs[k]` has one tensor per floating-point output. When `grad_grads` is
     given, the first backward builds a graph and is differentiated again with it.
     """
-    if isinstance(fn, StudentProxy):
-        return fn.run(args, grad_outputs, grad_grads)
+    grad_outputs = [list(vs) for vs in grad_outputs]
+    return Probe.from_data(invoke(_run, fn, tuple(args), grad_outputs, grad_grads))
+
+
+@procedure
+def _run(fn: Any, args: tuple, grad_outputs: list, grad_grads: list | None) -> dict:
     call = as_callable(fn)
     probe = Probe()
     wrt = [a for a in args if differentiable(a) and a.requires_grad]
@@ -121,7 +175,7 @@ def run(
                 probe.grads2 = _second_order(grads, grad_grads, [*wrt, *vs])
     except Exception as exc:  # the student's code may raise anything
         probe.error = ProbeError(stage, type(exc).__name__, str(exc))
-    return probe
+    return asdict(probe)
 
 
 def _second_order(
@@ -154,15 +208,26 @@ def forward(fn: Any, args: Sequence[Any]) -> list[torch.Tensor] | ProbeError:
 
 
 def forward_many(fn: Any, arg_sets: list[tuple]) -> list[list[torch.Tensor] | ProbeError]:
-    if isinstance(fn, StudentProxy):
-        return fn.forward_many(arg_sets)
-    return [forward(fn, args) for args in arg_sets]
+    """Forward outputs for many argument tuples (finite differences need dozens)."""
+    results = invoke(_forward_many, fn, list(arg_sets))
+    if not isinstance(results, list) or len(results) != len(arg_sets):
+        raise Malformed("malformed forward results")
+    return [ProbeError.from_data(r) if isinstance(r, dict) else _tensors(r) for r in results]
+
+
+@procedure
+def _forward_many(fn: Any, arg_sets: list[tuple]) -> list:
+    results = [forward(fn, args) for args in arg_sets]
+    return [asdict(r) if isinstance(r, ProbeError) else r for r in results]
 
 
 def meta(fn: Any, args: Sequence[Any]) -> ProbeError | None:
     """Forward and backward on `meta` tensors (shapes and devices only), or the error."""
-    if isinstance(fn, StudentProxy):
-        return fn.meta(args)
+    return ProbeError.from_data(invoke(_meta, fn, tuple(args)))
+
+
+@procedure
+def _meta(fn: Any, args: tuple) -> dict | None:
     wrt = [a for a in args if differentiable(a)]
     stage = "forward"
     try:
@@ -170,5 +235,15 @@ def meta(fn: Any, args: Sequence[Any]) -> ProbeError | None:
         stage = "backward"
         torch.autograd.grad(outs, wrt, [torch.ones_like(o) for o in outs], allow_unused=True)
     except Exception as exc:  # the student's code may raise anything
-        return ProbeError(stage, type(exc).__name__, str(exc))
+        return asdict(ProbeError(stage, type(exc).__name__, str(exc)))
     return None
+
+
+def value(student: Any) -> Any:
+    """The student's object itself when it is plain data (answers to questions)."""
+    return invoke(_value, student)
+
+
+@procedure
+def _value(obj: Any) -> Any:
+    return obj

@@ -2,25 +2,19 @@
 (`serve`).
 
 A check given a `Remote` instead of the student's object runs unchanged in the grader's
-own process: wherever a check runs student code, the probe (:mod:`.probe`) sends a request
-instead and gets plain numbers back (:mod:`.wire`). So the judging — references,
-comparisons, finite differences — happens where student code never runs, while `serve`,
-in the student's process, only computes.
+own process: wherever a check runs student code, it goes through a probe procedure
+(:func:`.probe.invoke`), which a `Remote` sends to the student's process; plain numbers come
+back (:mod:`.wire`). So the judging — references, comparisons, finite differences — happens
+where student code never runs, while `serve`, in the student's process, only computes.
 """
 from __future__ import annotations
 
-from dataclasses import asdict
+import importlib
 from typing import Any, Callable
-
-import torch
 
 from . import probe, wire
 
-Transport = Callable[[str, dict], Any]  # (kind, payload) -> answer; plain data both ways
-
-
-class RemoteError(Exception):
-    """The student's process did not answer properly (crashed, timed out, sent garbage)."""
+Transport = Callable[[dict], Any]  # request -> answer, both plain data
 
 
 class Remote(probe.StudentProxy):
@@ -33,96 +27,37 @@ class Remote(probe.StudentProxy):
     def __repr__(self) -> str:
         return f"<the student's {self.name}>"
 
-    def _ask(self, kind: str, **payload: Any) -> Any:
-        return self._transport(kind, {"name": self.name, **payload})
+    @property
+    def __name__(self) -> str:  # checks name student functions in their messages
+        return self.name
 
-    def argument_names(self) -> list[str]:
-        names = self._ask("arguments")
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            raise RemoteError("malformed answer to 'arguments'")
-        return names
-
-    def value(self) -> Any:
-        """The object itself, when it is plain data (answers to questions)."""
-        return self._ask("value")
-
-    def run(self, args, grad_outputs, grad_grads) -> probe.Probe:
-        answer = self._ask("run", args=tuple(args), grad_outputs=[list(v) for v in grad_outputs], grad_grads=grad_grads)
-        try:
-            return probe.Probe(
-                outputs=_tensors(answer["outputs"]),
-                grads=[_tensors(g, optional=True) for g in answer["grads"]],
-                grads2=None if answer["grads2"] is None else _tensors(answer["grads2"], optional=True),
-                modified=[int(i) for i in answer["modified"]],
-                error=_error(answer["error"]),
-            )
-        except (KeyError, TypeError, ValueError) as bad:
-            raise RemoteError(f"malformed answer to 'run': {bad}") from None
-
-    def forward_many(self, arg_sets: list[tuple]) -> list[list[torch.Tensor] | probe.ProbeError]:
-        answer = self._ask("forward_many", arg_sets=list(arg_sets))
-        if not isinstance(answer, list) or len(answer) != len(arg_sets):
-            raise RemoteError("malformed answer to 'forward_many'")
-        return [_error(a) if isinstance(a, dict) else _tensors(a) for a in answer]
-
-    def meta(self, args) -> probe.ProbeError | None:
-        return _error(self._ask("meta", args=tuple(args)))
+    def invoke(self, procedure: str, *args: Any) -> Any:
+        return self._transport({"name": self.name, "procedure": procedure, "args": list(args)})
 
 
-def _tensors(values: Any, optional: bool = False) -> list:
-    if not isinstance(values, list) or not all(
-        isinstance(v, torch.Tensor) or (optional and v is None) for v in values
-    ):
-        raise ValueError("expected a list of tensors")
-    return values
+def serve(namespace: dict, request: Any) -> Any:
+    """Answer one request against the student's namespace (in the student's process).
 
-
-def _error(value: Any) -> probe.ProbeError | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict) or set(value) != {"stage", "type", "message"} or not all(
-        isinstance(v, str) for v in value.values()
-    ):
-        raise ValueError("malformed error")
-    return probe.ProbeError(**value)
-
-
-# --- the student's end --------------------------------------------------------------------
-
-def serve(namespace: dict, kind: str, payload: dict) -> Any:
-    """Answer one request against the student's namespace (in the student's process)."""
-    name = payload.get("name")
+    Only registered probe procedures of this package can be run.
+    """
+    if not isinstance(request, dict) or set(request) != {"name", "procedure", "args"}:
+        raise ValueError("malformed request")
+    name, key, args = request["name"], request["procedure"], request["args"]
+    if not isinstance(key, str) or not key.startswith("autograder.") or ":" not in key:
+        raise ValueError(f"not a probe procedure: {key!r}")
+    importlib.import_module(key.split(":")[0])  # registers the module's procedures
+    if key not in probe.PROCEDURES:
+        raise ValueError(f"not a probe procedure: {key!r}")
     if not isinstance(name, str) or name not in namespace:
         raise NameError(f"name {name!r} is not defined in the notebook")
-    obj = namespace[name]
-    if kind == "arguments":
-        return probe.argument_names(obj)
-    if kind == "value":
-        return obj
-    if kind == "run":
-        args = _requiring_grad(payload["args"])
-        grad_grads = payload["grad_grads"]
-        return asdict(probe.run(obj, args, payload["grad_outputs"], grad_grads))
-    if kind == "forward_many":
-        return [_as_data(probe.forward(obj, args)) for args in payload["arg_sets"]]
-    if kind == "meta":
-        return _as_data(probe.meta(obj, _requiring_grad(payload["args"])))
-    raise ValueError(f"unknown request {kind!r}")
-
-
-def _requiring_grad(args: Any) -> tuple:
-    return tuple(a.requires_grad_() if probe.differentiable(a) else a for a in args)
-
-
-def _as_data(result: Any) -> Any:
-    return asdict(result) if isinstance(result, probe.ProbeError) else result
+    return probe.PROCEDURES[key](namespace[name], *args)
 
 
 def loopback(namespace: dict) -> Transport:
     """A transport to `serve` in this process, through the wire format (for tests)."""
 
-    def transport(kind: str, payload: dict) -> Any:
-        request = wire.decode(*wire.encode(payload))
-        return wire.decode(*wire.encode(serve(namespace, kind, request)))
+    def transport(request: dict) -> Any:
+        answer = serve(namespace, wire.decode(*wire.encode(request)))
+        return wire.decode(*wire.encode(answer))
 
     return transport

@@ -36,11 +36,13 @@ def encode(value: Any) -> tuple[Any, list[bytes]]:
             return v if v == v and abs(v) != float("inf") else {"__float__": repr(v)}
         if isinstance(v, torch.Tensor):
             t = v.detach()
+            grad = bool(v.requires_grad)
             if t.device.type == "meta":
-                return {"__meta__": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+                return {"__meta__": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."), "grad": grad}
             t = t.to("cpu").contiguous()
             buffers.append(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-            return {"__tensor__": len(buffers) - 1, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+            return {"__tensor__": len(buffers) - 1, "dtype": str(t.dtype).removeprefix("torch."),
+                    "shape": list(t.shape), "grad": grad}
         if isinstance(v, tuple):
             return {"__tuple__": [walk(x, depth + 1) for x in v]}
         if isinstance(v, list):
@@ -81,7 +83,7 @@ def decode(structure: Any, buffers: Sequence[bytes]) -> Any:
                 raise WireError("malformed dict")
             return {str(k): walk(x, depth + 1) for k, x in items.items()}
         if "__meta__" in v:
-            return torch.empty(_shape(v["__meta__"]), dtype=_dtype(v.get("dtype")), device="meta")
+            return _grad(torch.empty(_shape(v["__meta__"]), dtype=_dtype(v.get("dtype")), device="meta"), v)
         if "__tensor__" in v:
             index, dtype, shape = v["__tensor__"], _dtype(v.get("dtype")), _shape(v.get("shape"))
             if not isinstance(index, int) or not 0 <= index < len(buffers):
@@ -93,11 +95,16 @@ def decode(structure: Any, buffers: Sequence[bytes]) -> Any:
             if len(data) != numel * torch.empty((), dtype=dtype).element_size():
                 raise WireError("tensor size does not match its buffer")
             if numel == 0:
-                return torch.empty(shape, dtype=dtype)
-            return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape)
+                return _grad(torch.empty(shape, dtype=dtype), v)
+            return _grad(torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape).clone(), v)
         raise WireError("malformed payload")
 
     return walk(structure, 0)
+
+
+def _grad(t: torch.Tensor, header: dict) -> torch.Tensor:
+    """A leaf that requires grad if the sender's tensor did (floating point only)."""
+    return t.requires_grad_() if header.get("grad") is True and (t.is_floating_point() or t.is_complex()) else t
 
 
 def _list(v: Any) -> list:

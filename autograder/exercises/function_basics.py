@@ -108,20 +108,18 @@ def _check_needs_input_grad(student, args: tuple, needed: tuple[bool, ...]) -> N
     args = tuple(a.detach().clone().requires_grad_(n) for a, n in zip(args, needed))
     names = [f"`{n}`" for n, k in zip(_NAMES, needed) if k]
     wanted = f"{' and '.join(names)} " + ("requires" if len(names) == 1 else "require")
-    with introspect.backward_calls(student) as record:
-        out = student.apply(*args)
-        torch.autograd.grad(out, [a for a in args if a.requires_grad], torch.ones_like(out))
+    facts = introspect.record_backward(student, args)
+    if facts.error is not None:
+        fail(f"Linear: when only {wanted} grad, {facts.error.stage} raised {facts.error.type}: {facts.error.message}")
     expected = int(needed[0]) + int(needed[1])
-    if record.matmuls > expected:
+    if facts.matmuls > expected:
         fail(
-            f"Linear: when only {wanted} grad, backward ran {record.matmuls} "
+            f"Linear: when only {wanted} grad, backward ran {facts.matmuls} "
             f"matrix multiplication(s); {expected} are needed.",
             cause="check `ctx.needs_input_grad[i]` before computing the gradient of input i, "
             "and return None for the inputs that need none.",
         )
-    grads = record.returned[0] if record.returned else ()
-    grads = grads if isinstance(grads, tuple) else (grads,)
-    for name, need, grad in zip(_NAMES, needed, grads):
+    for name, need, grad in zip(_NAMES, needed, facts.returned):
         if not need and grad is not None:
             fail(
                 f"Linear: when only {wanted} grad, backward still returned a gradient for `{name}`.",

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import random
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from ..checks.report import fail, note, passed, quiet, shape, show
+from ..checks.report import fail, passed, quiet, shape, show
 
 RTOL, ATOL = 1e-7, 1e-10
 

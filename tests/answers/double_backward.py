@@ -62,12 +62,13 @@ def hvp(f, x, v):
 def hvp(f, x, v):
     return torch.func.jvp(torch.func.grad(f), (x,), (v,))[1]
 '''),
-    wrong("graph_answers", "thinks Exp saves its input", ('"b": "out"', '"b": "x"')),
-    wrong("graph_answers", "one AccumulateGrad per use of x", ('"g": "1"', '"g": "2"')),
-    wrong("graph_answers", "thinks double backward re-runs Square.backward",
-          ('"c": "MulBackward0"', '"c": "SquareBackward"')),
+    wrong("graph_answers", "thinks Tanh saves its input", ('"a": "out"', '"a": "x"')),
+    wrong("graph_answers", "one AccumulateGrad per use of x", ('"f": "1"', '"f": "2"')),
+    wrong("graph_answers", "thinks differentiating grad_x re-runs Cube.backward",
+          ('"g": "AccumulateGrad"', '"g": "CubeBackward"')),
     wrong("graph_answers", "takes the forward node for grad_x's grad_fn",
-          ('"e": "CubeBackwardBackward"', '"e": "CubeBackward"')),
+          ('"d": "CubeBackwardBackward"', '"d": "CubeBackward"')),
+    wrong("graph_answers", "thinks an unconnected gradient still has a node", ('"h": "0"', '"h": "1"')),
 ]
 
 VARIANTS = [
@@ -130,8 +131,8 @@ def hvp(f, x, v):
 def hvp(f, x, v):
     return torch.autograd.functional.vhp(f, x, v, create_graph=True)[1]
 '''),
-    right("graph_answers", "capitals, spaces and an int", source='''
-graph_answers = {"a": "X", "b": " out", "c": "mulbackward0", "d": "ExpBackward ",
-                 "e": "CubeBackwardBackward", "f": "grad_out", "g": 1, "h": "none"}
+    right("graph_answers", "capitals, spaces and ints", source='''
+graph_answers = {"a": "OUT", "b": 3, "c": " tanhbackward", "d": "CubeBackwardBackward ",
+                 "e": "grad_out", "f": 1, "g": "accumulategrad", "h": 0}
 '''),
 ]

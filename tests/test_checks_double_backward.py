@@ -1,0 +1,310 @@
+"""Unit tests of the checks of notebook 07_double_backward, messages included."""
+from __future__ import annotations
+
+import nbformat
+import pytest
+import torch
+from torch.autograd.function import once_differentiable
+
+from autograder import authoring
+from autograder.checks import graphs
+from autograder.checks.report import CheckFailed
+from autograder.exercises import double_backward as ex
+from grading import exercises
+
+
+def _fails(check, student, *needles: str, **kwargs) -> str:
+    with pytest.raises(CheckFailed) as info:
+        check(student, **kwargs)
+    message = str(info.value)
+    for needle in needles:
+        assert needle in message, message
+    return message
+
+
+# --- Sinh --------------------------------------------------------------------------------
+
+def _sinh(save: str, backward=None, decorate=lambda f: f):
+    """A sinh Function that saves "input", "output" or "intermediates" ("ctx": on ctx)."""
+
+    class Sinh(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            expx, expnegx = x.exp(), (-x).exp()
+            y = (expx - expnegx) / 2
+            if save == "input":
+                ctx.save_for_backward(x)
+            elif save == "output":
+                ctx.save_for_backward(y)
+            elif save == "intermediates":
+                ctx.save_for_backward(expx, expnegx)
+            else:
+                ctx.expx, ctx.expnegx = expx, expnegx
+            return y
+
+        @staticmethod
+        @decorate
+        def backward(ctx, grad_out):
+            saved = ctx.saved_tensors
+            if save == "input":
+                cosh = saved[0].cosh()
+            elif save == "output":
+                cosh = (1 + saved[0] ** 2).sqrt()
+            elif save == "intermediates":
+                cosh = (saved[0] + saved[1]) / 2
+            else:
+                cosh = (ctx.expx + ctx.expnegx) / 2
+            return (backward or (lambda g, c: g * c))(grad_out, cosh)
+
+    return Sinh
+
+
+@pytest.mark.parametrize("save", ["input", "output"])
+def test_sinh_accepts_a_backward_built_from_an_input_or_an_output(save, capsys):
+    ex.check_sinh(_sinh(save))
+    ex.check_sinh(_sinh(save), shapes=[(), (3, 2)], seed=None)
+    assert "gradcheck and gradgradcheck pass" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("save", ["intermediates", "ctx"])
+def test_sinh_rejects_intermediates_that_pass_gradcheck(save):
+    student = _sinh(save)
+    x = torch.rand(3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(student.apply, (x,))  # the trap: first order is right
+    _fails(ex.check_sinh, student, "double backward is wrong", "with respect to `x`",
+           "zero (not connected to the graph)", "an intermediate saved in forward")
+
+
+def test_sinh_rejects_once_differentiable():
+    _fails(ex.check_sinh, _sinh("input", decorate=once_differentiable),
+           "double backward is wrong", "`@once_differentiable`")
+
+
+def test_sinh_rejects_a_backward_that_ignores_grad_output():
+    _fails(ex.check_sinh, _sinh("input", backward=lambda g, c: c),
+           "wrong gradient for `x`", "backward ignores grad_output")
+
+
+def test_sinh_rejects_a_detached_backward():
+    _fails(ex.check_sinh, _sinh("input", backward=lambda g, c: g * c.detach()),
+           "double backward is wrong", "`.detach()`")
+
+
+# --- CubeBackward --------------------------------------------------------------------------
+
+def _cube_backward(backward):
+    class CubeBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, grad_out, x):
+            ctx.save_for_backward(grad_out, x)
+            return grad_out * 3 * x**2
+
+        @staticmethod
+        def backward(ctx, grad):
+            grad_out, x = ctx.saved_tensors
+            return backward(grad, grad_out, x)
+
+    return CubeBackward
+
+
+def _right(grad, grad_out, x):
+    return grad * 3 * x**2, grad * grad_out * 6 * x
+
+
+def test_cube_backward_accepts_the_right_backward(capsys):
+    ex.check_cube_backward(_cube_backward(_right))
+    ex.check_cube_backward(_cube_backward(_right), shapes=[(), (3, 4)], seed=None)
+    assert "✔ CubeBackward: forward and backward agree" in capsys.readouterr().out
+
+
+def test_cube_backward_rejects_a_missing_grad_out_term():
+    _fails(ex.check_cube_backward, _cube_backward(lambda g, go, x: (None, g * go * 6 * x)),
+           "CubeBackward: wrong gradient for `grad_out`: backward returned None, but `grad_out` needs a gradient.",
+           "expected tensor(")
+
+
+def test_cube_backward_rejects_an_x_term_without_the_incoming_gradient():
+    _fails(ex.check_cube_backward, _cube_backward(lambda g, go, x: (g * 3 * x**2, go * 6 * x)),
+           "wrong gradient for `x`", "backward ignores grad_output")
+
+
+def test_cube_backward_rejects_an_x_term_without_the_saved_grad_out():
+    _fails(ex.check_cube_backward, _cube_backward(lambda g, go, x: (g * 3 * x**2, g * 6 * x)),
+           "wrong gradient for `x`", "the saved grad_out, not the incoming gradient")
+
+
+def test_cube_backward_rejects_gradients_in_the_wrong_order():
+    _fails(ex.check_cube_backward, _cube_backward(lambda g, go, x: _right(g, go, x)[::-1]),
+           "wrong gradient for `grad_out`", "is the incoming gradient times 3x²")
+
+
+# --- hvp -----------------------------------------------------------------------------------
+
+def _hvp(f, x, v):
+    x = x.detach().requires_grad_()
+    (g,) = torch.autograd.grad(f(x), x, create_graph=True)
+    return torch.autograd.grad(g, x, v)[0]
+
+
+def test_hvp_accepts_the_double_backward_and_torch_functional(capsys):
+    ex.check_hvp(_hvp)
+    ex.check_hvp(_hvp, shapes=[(3,), (2, 3)], seed=None)
+    ex.check_hvp(lambda f, x, v: torch.autograd.functional.hvp(f, x, v)[1], x_requires_grad=True)
+    assert "hvp: H v agrees with the full Hessian for 4 function(s)" in capsys.readouterr().out
+
+
+def test_hvp_without_create_graph_is_told_to_use_it():
+    def hvp(f, x, v):
+        x = x.detach().requires_grad_()
+        (g,) = torch.autograd.grad(f(x), x)
+        return torch.autograd.grad(g, x, v)[0]
+
+    _fails(ex.check_hvp, hvp, "hvp raised RuntimeError: element 0 of tensors does not require grad",
+           "f(x) = (x.sin() * x).sum()", "compute it with `torch.autograd.grad(..., create_graph=True)`")
+
+
+def test_hvp_on_an_x_that_does_not_require_grad_is_told_to_copy_it():
+    def hvp(f, x, v):
+        (g,) = torch.autograd.grad(f(x), x, create_graph=True)
+        return torch.autograd.grad(g, x, v)[0]
+
+    _fails(ex.check_hvp, hvp, "f(x) has no graph because `x` does not require grad",
+           "`x = x.detach().requires_grad_()`")
+
+
+def test_hvp_with_a_vector_of_ones_is_recognised():
+    def hvp(f, x, v):
+        x = x.detach().requires_grad_()
+        (g,) = torch.autograd.grad(f(x), x, create_graph=True)
+        return torch.autograd.grad(g.sum(), x)[0]
+
+    _fails(ex.check_hvp, hvp, "hvp(f, x, v) differs from H v.", "expected tensor(", "actual   tensor(",
+           "this is H times a vector of ones")
+
+
+def test_hvp_that_accumulates_in_x_grad_is_recognised():
+    def hvp(f, x, v):
+        x = x.detach().requires_grad_()
+        f(x).backward(create_graph=True)
+        x.grad.backward(v)
+        return x.grad
+
+    _fails(ex.check_hvp, hvp, "this is the gradient plus H v: `.backward()` adds into `x.grad`")
+
+
+def test_hvp_returning_the_gradient_is_recognised():
+    def hvp(f, x, v):
+        x = x.detach().requires_grad_()
+        return torch.autograd.grad(f(x), x)[0]
+
+    _fails(ex.check_hvp, hvp, "this is the gradient of f, not H v")
+
+
+def test_hvp_that_builds_the_hessian_is_rejected():
+    def hvp(f, x, v):
+        n = x.numel()
+        return (torch.autograd.functional.hessian(f, x).reshape(n, n) @ v.flatten()).reshape(x.shape)
+
+    _fails(ex.check_hvp, hvp, "differentiated the gradient of f 5 times for an x of 5 elements",
+           "Cube.apply(x).sin().sum()", "two backward passes whatever the size of x")
+
+
+def test_hvp_that_changes_the_callers_x_is_rejected():
+    def hvp(f, x, v):
+        x.requires_grad_()
+        (g,) = torch.autograd.grad(f(x), x, create_graph=True)
+        return torch.autograd.grad(g, x, v)[0]
+
+    _fails(ex.check_hvp, hvp, "hvp changed the caller's x", "work on a copy")
+
+
+def test_hvp_of_the_wrong_shape_is_rejected():
+    _fails(ex.check_hvp, lambda f, x, v: _hvp(f, x, v).sum(), "hvp must return a tensor of the shape of x, (5,); got shape ()")
+
+
+def test_hvp_with_torch_func_is_told_why_it_fails_on_classic_functions():
+    _fails(ex.check_hvp, lambda f, x, v: torch.func.jvp(torch.func.grad(f), (x,), (v,))[1],
+           "setup_context", "torch.func cannot transform")
+
+
+def test_hvp_not_implemented():
+    def hvp(f, x, v):
+        raise NotImplementedError()
+
+    _fails(ex.check_hvp, hvp, "hvp raised NotImplementedError", "not implemented yet")
+
+
+def test_the_workaround_restores_the_probe():
+    from autograder.checks import probe
+
+    original = probe._second_order
+    ex.check_sinh(_sinh("output"))
+    assert probe._second_order is original
+
+
+# --- The key of the graph questions matches the graphs ------------------------------------
+
+class Tanh(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = torch.tanh(x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (y,) = ctx.saved_tensors
+        return grad_out * (1 - y * y)
+
+
+CubeBackward = _cube_backward(_right)  # named as in the notebook: its node is CubeBackwardBackward
+
+
+class Cube(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x**3
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (x,) = ctx.saved_tensors
+        return CubeBackward.apply(grad_out, x)
+
+
+def _drawn(function) -> tuple[graphs.Graph, torch.Tensor]:
+    """The create_graph=True graph as the notebook draws it, and grad_x."""
+    x = torch.tensor([0.5, 2.0], dtype=torch.float64, requires_grad=True)
+    out = function.apply(x)
+    grad_out = torch.ones_like(out)
+    (grad_x,) = torch.autograd.grad(out, x, grad_out, create_graph=True)
+    return graphs.draw({"out": out}, {"grad_x": grad_x}, inputs={"x": x, "grad_out": grad_out}), grad_x
+
+
+def _model_answers() -> dict:
+    nb = nbformat.read(authoring.solution_path("07_double_backward"), as_version=4)
+    (answer,) = [e for e in exercises(nb) if e.answer_id == "graph_answers"]
+    namespace: dict = {}
+    exec(answer.solution, namespace)
+    return namespace["graph_answers"]
+
+
+def test_the_graph_answers_are_what_the_graphs_show():
+    key = _model_answers()
+    tanh, _ = _drawn(Tanh)
+    cube, cube_grad = _drawn(Cube)
+    sinh, sinh_grad = _drawn(_sinh("intermediates"))
+    backward_pass = [n for n in tanh.nodes if n.backward_pass]
+    shown = {
+        "a": tanh.saved_by("TanhBackward"),
+        "b": [str(len(backward_pass))],
+        "c": sorted({f for n in backward_pass for f in n.next_functions} - {n.name for n in backward_pass}),
+        "d": [type(cube_grad.grad_fn).__name__],
+        "e": [s for s in cube.saved_by("CubeBackwardBackward") if s != "x"],
+        "f": [str(cube.count("AccumulateGrad"))],
+        "g": [type(fn).__name__ for fn, _ in cube_grad.grad_fn.next_functions if fn is not None],
+        "h": [str(len(sinh.backward_pass()))],
+    }
+    assert sinh_grad.grad_fn is None
+    assert set(key) == set(ex.GRAPH_QUESTIONS) and set(key.values()) <= set(ex.GRAPH_CHOICES)
+    assert {q: [a] for q, a in key.items()} == shown
