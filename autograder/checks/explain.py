@@ -114,9 +114,11 @@ def mismatch(expected: torch.Tensor, actual: torch.Tensor, *, rtol: float, atol:
     count, total = int(bad.sum()), bad.numel()
     index = tuple(int(i) for i in bad.nonzero()[0]) if count else ()
     where = f" at index {index}" if index else ""
+    want, got = expected[index].item(), actual[index].item()
+    digits = 6 if f"{want:.6g}" != f"{got:.6g}" else 15  # close values need more digits to tell apart
     return (
         f"{count} of {total} entries differ; first{where}: "
-        f"expected {expected[index].item():.6g}, got {actual[index].item():.6g}"
+        f"expected {want:.{digits}g}, got {got:.{digits}g} (difference {got - want:.3g})"
     )
 
 

@@ -1,0 +1,71 @@
+"""Trusted verdicts (checks judging in the grader, student code answering through the
+wire format) agree with the checks run in the student's own kernel, on the model
+solutions and on every known wrong and right answer."""
+from __future__ import annotations
+
+import nbformat
+import pytest
+
+from answers import for_notebook
+from autograder import authoring
+from autograder.checks.remote import loopback
+from autograder.verdicts import StudentNames, is_test_cell, run_cell, verdicts
+from grading import exercises, namespace
+
+SLUGS = authoring.assignments()
+
+
+def _local_scores(cells: list, ns: dict) -> dict[str, bool]:
+    """Which graded cells pass when run in the student's namespace (as in the kernel)."""
+    passed = {}
+    for cell in filter(is_test_cell, cells):
+        meta = cell.metadata.nbgrader
+        try:
+            result = run_cell(cell.source, ns)
+            ok = not (isinstance(result, (int, float)) and not isinstance(result, bool) and result < meta["points"])
+        except Exception:
+            ok = False
+        if meta.get("grade"):
+            passed[meta["grade_id"]] = ok
+    return passed
+
+
+def _trusted_scores(cells: list, ns: dict) -> dict[str, bool]:
+    return {v.grade_id: v.score == v.max_score for v in verdicts(cells, loopback(ns))}
+
+
+def _cases():
+    for slug in SLUGS:
+        yield pytest.param(slug, None, id=f"{slug}-model")
+        module = for_notebook(slug)
+        for answer in module.MUTANTS + module.VARIANTS:
+            yield pytest.param(slug, answer, id=f"{slug}-{answer.exercise}-{answer.label}")
+
+
+@pytest.mark.parametrize("slug, answer", list(_cases()))
+def test_trusted_verdict_agrees_with_the_kernel(slug, answer):
+    nb = nbformat.read(authoring.solution_path(slug), as_version=4)
+    found = exercises(nb)
+    if answer is None:
+        ns, graded = namespace(slug), None
+    else:
+        solution = next(e.solution for e in found if e.answer_id == answer.exercise)
+        ns = namespace(slug, {answer.exercise: answer.apply(solution)})
+        graded = next(e.graded for e in found if e.answer_id == answer.exercise)
+    trusted = _trusted_scores(nb.cells, ns)
+    local = _local_scores(nb.cells, namespace(slug) if answer is None else ns)
+    if graded is not None:
+        trusted = {k: v for k, v in trusted.items() if k in graded}
+        local = {k: v for k, v in local.items() if k in graded}
+    assert trusted == local
+    if answer is None:
+        assert all(trusted.values()), trusted
+
+
+def test_names_resolve_to_data_or_proxies():
+    ns = {"answers": {"a": "composite"}, "Fn": type("Fn", (), {})}
+    names = StudentNames(loopback(ns))
+    assert names["answers"] == {"a": "composite"}
+    assert repr(names["Fn"]) == "<the student's Fn>"
+    with pytest.raises(NameError):
+        names["missing"]
