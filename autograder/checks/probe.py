@@ -96,6 +96,28 @@ class Malformed(ValueError):
     """Data from a student's process that does not have the expected form."""
 
 
+class StudentError(Exception):
+    """The student's code raised; `type` and `message` describe the original exception."""
+
+    def __init__(self, type_name: str, message: str) -> None:
+        super().__init__(f"{type_name}: {message}")
+        self.type = type_name
+        self.message = message
+
+
+# Functions of the checks that may be handed to student code (e.g. the f of a student's
+# numerical Jacobian); they cross processes by name. Key -> function, and back.
+REFERENCES: dict[str, Callable[..., Any]] = {}
+REFERENCE_KEYS: dict[int, str] = {}
+
+
+def reference(key: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Register `fn` under `key` ("<module>:<name>") so it can be passed to student code."""
+    REFERENCES[key] = fn
+    REFERENCE_KEYS[id(fn)] = key
+    return fn
+
+
 def as_callable(fn: Any) -> Callable[..., Any]:
     """`Function` subclasses are called through `.apply`; anything else directly."""
     if isinstance(fn, type) and issubclass(fn, torch.autograd.Function):
@@ -247,3 +269,33 @@ def value(student: Any) -> Any:
 @procedure
 def _value(obj: Any) -> Any:
     return obj
+
+
+def call(fn: Any, *args: Any, substitute: dict[str, Any] | None = None) -> Any:
+    """`fn(*args)` for a student's plain function; raises StudentError if it raises.
+
+    `substitute` replaces names in the student's notebook while the call runs (with
+    registered references), e.g. to grade a function independently of another one it uses.
+    """
+    result = invoke(_call, fn, tuple(args), dict(substitute or {}))
+    if not isinstance(result, dict) or "value" not in result:
+        raise Malformed("malformed call result")
+    error = ProbeError.from_data(result.get("error"))
+    if error is not None:
+        raise StudentError(error.type, error.message)
+    return result["value"]
+
+
+@procedure
+def _call(fn: Any, args: tuple, substitute: dict) -> dict:
+    namespace = getattr(fn, "__globals__", {})
+    saved = {name: namespace[name] for name in substitute if name in namespace}
+    namespace.update(substitute)
+    try:
+        return {"value": fn(*args), "error": None}
+    except Exception as exc:  # the student's code may raise anything
+        return {"value": None, "error": asdict(ProbeError("call", type(exc).__name__, str(exc)))}
+    finally:
+        for name in substitute:
+            namespace.pop(name, None)
+        namespace.update(saved)

@@ -57,7 +57,7 @@ def loopback(namespace: dict) -> Transport:
     """A transport to `serve` in this process, through the wire format (for tests)."""
 
     def transport(request: dict) -> Any:
-        answer = serve(namespace, wire.decode(*wire.encode(request)))
+        answer = serve(namespace, wire.decode(*wire.encode(request), references=True))
         return wire.decode(*wire.encode(answer))
 
     return transport
