@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from autograder import authoring
+from autograder.checks.remote import Remote, loopback
 from autograder.checks.report import CheckFailed
 from autograder.exercises.save_for_backward import check_saved_by, check_sigmoid, check_sort, check_tanh_
 
@@ -114,7 +115,7 @@ def test_sigmoid_right(capsys):
     check_sigmoid(sigmoid(), shapes=[(), (2, 3, 4)], seed=None)
     out = capsys.readouterr().out
     assert "✔ Sigmoid saves exactly its output (48 bytes for x of shape (2, 3)), nothing on ctx." in out
-    assert "✔ Sigmoid: double backward is right" in out
+    assert "✔ Sigmoid: forward, backward and double backward agree with the reference on 2 input(s)" in out
 
 
 def test_sigmoid_saving_the_intermediate():
@@ -139,7 +140,9 @@ def test_sigmoid_stashing_its_output():
 
 def test_sigmoid_saving_a_detached_output_fails_double_backward():
     message = failure(check_sigmoid, sigmoid(save="detached"))
-    assert message.startswith("Sigmoid: double backward is wrong: torch.autograd.gradgradcheck failed.")
+    assert message.startswith(
+        "Sigmoid: double backward is wrong: the gradient of your gradient with respect to `x` differs from the reference."
+    )
     assert ".detach()" in message
 
 
@@ -240,6 +243,44 @@ def test_sort_marking_the_values():
     message = failure(check_sort, sort(mark="values"))
     assert message.startswith("Sort: the values are not connected to autograd (no grad_fn).")
     assert "pass them, not the values, to ctx.mark_non_differentiable" in message
+
+
+# --- In the grader: the same messages, the student's code answering through the wire -------
+
+def remote(answer):
+    return Remote("answer", loopback({"answer": answer}))
+
+
+WRONG = {
+    "saved_by compares data_ptr()": (check_saved_by, saved_by_with(memory=lambda t: t.data_ptr())),
+    "saved_by without hooks": (check_saved_by, saved_by_with(hooks=False)),
+    "saved_by raises": (check_saved_by, lambda fn, *args: fn.nothing),
+    "Sigmoid saves exp(-x)": (check_sigmoid, sigmoid(save="exp(-x)")),
+    "Sigmoid stashes its output": (check_sigmoid, sigmoid(stash=True)),
+    "Sigmoid saves a detached output": (check_sigmoid, sigmoid(save="detached")),
+    "Tanh_ without mark_dirty": (check_tanh_, tanh_(mark=False)),
+    "Tanh_ out of place": (check_tanh_, tanh_(in_place=False)),
+    "Tanh_ modifies the saved output": (check_tanh_, tanh_(backward_in_place=True)),
+    "Sort gathers": (check_sort, sort(backward_op="gather")),
+    "Sort with float indices": (check_sort, sort(indices_dtype=torch.float64)),
+    "Sort marks the values": (check_sort, sort(mark="values")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WRONG))
+def test_the_grader_fails_a_wrong_answer_with_the_kernels_message(case):
+    check, answer = WRONG[case]
+    assert failure(check, remote(answer)) == failure(check, answer)
+
+
+@pytest.mark.parametrize("check, answer", [
+    (check_saved_by, saved_by_with()), (check_sigmoid, sigmoid()), (check_tanh_, tanh_()), (check_sort, sort()),
+], ids=["saved_by", "Sigmoid", "Tanh_", "Sort"])
+def test_the_grader_passes_a_right_answer_with_the_kernels_report(capsys, check, answer):
+    check(answer)
+    local = capsys.readouterr().out
+    check(remote(answer))
+    assert capsys.readouterr().out == local
 
 
 # --- The answer key of "error, silently wrong, or correct?" --------------------------------

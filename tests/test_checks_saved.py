@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from autograder.checks.remote import Remote, loopback
 from autograder.checks.report import CheckFailed
-from autograder.checks.saved import Names, SaveRule, check_saved, classify, record, show_saved, summary
+from autograder.checks.saved import Backward, Names, SaveRule, check_saved, classify, observe, record, show_saved, summary
 
 
 def leaf(*shape: int) -> torch.Tensor:
@@ -231,3 +232,73 @@ def test_forward_not_implemented():
         raise NotImplementedError()
 
     assert "not implemented yet" in failure(function(forward))
+
+
+# --- observe, and check_saved in the grader ---------------------------------------------------
+
+def remote(fn):
+    return Remote("Fn", loopback({"Fn": fn}))
+
+
+def in_place_exp(ctx, x):
+    x.exp_()
+    ctx.mark_dirty(x)
+    ctx.save_for_backward(x)
+    return x
+
+
+def modifies_saved(ctx, g):
+    (y,) = ctx.saved_tensors
+    return g * y.add_(1)
+
+
+def test_observe_copies_what_was_saved_before_backward_and_reports_backward():
+    x = leaf(3)
+    recording, backward = observe(function(saves_output, modifies_saved), (x,))
+    assert [s.role for s in recording.saved] == ["output 0"]
+    assert torch.equal(recording.saved[0].tensor, x.detach().exp())  # before backward added 1
+    assert backward.error is None and backward.modified == [0] and not backward.modified_grad_output
+
+
+def test_observe_on_non_leaf_copies_leaves_the_arguments_alone():
+    x = leaf(3)
+    before = x.detach().clone()
+    recording, backward = observe(function(in_place_exp, exp_backward), (x,), copy=True)
+    assert [s.role for s in recording.saved] == ["output 0"] and backward.error is None
+    assert torch.equal(x.detach(), before) and torch.equal(recording.args[0], before.exp())
+
+
+def test_observe_through_the_wire_sees_what_it_sees_here():
+    def forward(ctx, x):
+        values, indices = x.sort()
+        ctx.save_for_backward(indices, x > 0)
+        ctx.values = values
+        return values, indices
+
+    def seen(fn):
+        recording, backward = observe(fn, (x,))
+        saved = [(s.role, s.graph, s.nbytes) for s in recording.saved]
+        return saved, {path: (s.role, s.graph) for path, s in recording.stashed.items()}, backward
+
+    fn, x = function(forward, lambda ctx, g, gi: g), leaf(4)
+    assert seen(remote(fn)) == seen(fn) == (
+        [("output 1", False, 32), ("intermediate", False, 4)], {"values": ("output 0", True)}, Backward(),
+    )
+
+
+@pytest.mark.parametrize("forward, backward, rule", [
+    (lambda ctx, x: (setattr(ctx, "y", x.exp()), ctx.y)[1], lambda ctx, g: g * ctx.y, RULE),
+    (lambda ctx, x: (ctx.save_for_backward(e := x.exp()), e * 1)[1], exp_backward, RULE),
+    (saves_output, modifies_saved, RULE),
+    (in_place_exp, exp_backward, SaveRule(name="Exp_", expected=("input 0",), fix="save the input")),
+], ids=["stashed output", "intermediate exp(x)", "backward modifies", "in place"])
+def test_check_saved_gives_the_same_message_in_the_grader(forward, backward, rule):
+    fn, x = function(forward, backward), leaf(3)
+    local, there = (failure_with(f, rule, x) for f in (fn, remote(fn)))
+    assert local == there
+
+
+def failure_with(fn, rule, x) -> str:
+    with pytest.raises(CheckFailed) as info:
+        check_saved(fn, rule, (x,), copy=True)
+    return str(info.value)

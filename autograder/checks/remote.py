@@ -17,6 +17,10 @@ from . import probe, wire
 Transport = Callable[[dict], Any]  # request -> answer, both plain data
 
 
+class RemoteError(Exception):
+    """The student's process could not answer a request."""
+
+
 class Remote(probe.StudentProxy):
     """The object called `name` in the student's notebook, reached through `transport`."""
 
@@ -53,11 +57,32 @@ def serve(namespace: dict, request: Any) -> Any:
     return probe.PROCEDURES[key](namespace[name], *args)
 
 
+def answer(namespace: dict, structure: Any, buffers: list[bytes]) -> tuple[Any, list[bytes]]:
+    """A request in wire form -> the answer in wire form (in the student's process).
+
+    Whatever goes wrong — an unknown name, a result that is not plain data — becomes an
+    error answer, which the grader turns into a failed check.
+    """
+    try:
+        return wire.encode({"value": serve(namespace, wire.decode(structure, buffers, references=True))})
+    except Exception as error:  # report it; never let the request loop die
+        return wire.encode({"error": f"{type(error).__name__}: {error}"})
+
+
+def result(structure: Any, buffers: list[bytes]) -> Any:
+    """An answer in wire form -> its value (in the grader); raises RemoteError for errors."""
+    reply = wire.decode(structure, buffers)
+    if not isinstance(reply, dict) or len(reply) != 1 or not ({"value", "error"} & set(reply)):
+        raise RemoteError("malformed answer from the student's process")
+    if "error" in reply:
+        raise RemoteError(f"the student's process answered with an error: {reply['error']}")
+    return reply["value"]
+
+
 def loopback(namespace: dict) -> Transport:
     """A transport to `serve` in this process, through the wire format (for tests)."""
 
     def transport(request: dict) -> Any:
-        answer = serve(namespace, wire.decode(*wire.encode(request), references=True))
-        return wire.decode(*wire.encode(answer))
+        return result(*answer(namespace, *wire.encode(request)))
 
     return transport

@@ -9,14 +9,16 @@ a view of one of them (the same storage, another layout), or an intermediate tha
 only for backward. Tensors stashed as attributes of ctx (`ctx.y = y`) never reach the
 hooks; they are found on the graph node, which is the ctx object itself.
 
-`check_saved` compares a recording with what an exercise expects and explains a mismatch;
-then it runs backward once, which must leave the saved tensors and grad_output unchanged.
+`observe` records a student's Function where it lives (in the student's process when given
+a proxy, see .probe) and runs backward once there; `check_saved` compares what it saw with
+what an exercise expects and explains a mismatch, in the grader: the saved tensors come
+back as copies taken before backward, with the facts the check needs about them.
 """
 from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
@@ -54,6 +56,7 @@ class Saved:
     kind: str  # "input", "output" or "intermediate"
     index: int | None = None  # position of that input among the arguments, or of that output
     view: bool = False  # shares that input's or output's memory with another layout
+    graph: bool = False  # has a grad_fn: part of the graph
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -90,7 +93,8 @@ def record(fn: Any, *args: Any) -> Recording:
     """Call `fn(*args)` (`fn.apply` for a Function class) and record what it saved.
 
     Floating-point arguments must already require grad where a gradient is wanted:
-    a call that builds no graph saves nothing.
+    a call that builds no graph saves nothing. `fn` runs in this process: checks of a
+    student's Function use `observe`.
     """
     packed: list[torch.Tensor] = []
 
@@ -117,13 +121,14 @@ def classify(t: torch.Tensor, args: Sequence[Any], outputs: Sequence[torch.Tenso
     input), then an input, then a view of either, else an intermediate."""
     owners = [("output", i, o) for i, o in enumerate(outputs)]
     owners += [("input", i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    graph = t.grad_fn is not None
     for kind, i, other in owners:
         if t is other or (_storage(t) and _layout(t) == _layout(other)):
-            return Saved(t, kind, i)
+            return Saved(t, kind, i, graph=graph)
     for kind, i, other in owners:
         if _storage(t) and _storage(t) == _storage(other):
-            return Saved(t, kind, i, view=True)
-    return Saved(t, "intermediate")
+            return Saved(t, kind, i, view=True, graph=graph)
+    return Saved(t, "intermediate", graph=graph)
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -233,17 +238,121 @@ class SaveRule:
     reasons: Mapping[str, str] = field(default_factory=dict)  # kind -> why it is wrong here
 
 
-def check_saved(student: Any, rule: SaveRule, args: tuple) -> Recording:
-    """Call the student's Function once on `args` (on the CPU or CUDA) and run backward;
-    fail unless it saved exactly what `rule` expects, nothing on ctx, and backward left
-    the saved tensors and grad_output unchanged. Returns the recording."""
+def non_leaf(args: Sequence[Any]) -> tuple:
+    """Copies of the tensor arguments that are not leaves (an in-place Function cannot
+    modify a leaf that requires grad)."""
+    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+@dataclass
+class Backward:
+    """One backward after a recorded call: its error, or what it changed in place."""
+
+    error: probe.ProbeError | None = None
+    modified: list[int] = field(default_factory=list)  # positions in Recording.saved
+    modified_grad_output: bool = False
+
+
+def observe(fn: Any, args: Sequence[Any], *, copy: bool = False) -> tuple[Recording, Backward]:
+    """`record(fn, *args)` in the process where `fn` is (on non-leaf copies of the tensor
+    arguments with `copy`), then one backward there with seeded gradients. The recording
+    holds copies of the saved tensors taken before backward. Raises probe.StudentError if
+    forward raised.
+
+    When `fn` is a proxy, all of it is reported by the student's process: best effort.
+    """
+    data = probe.invoke(_observe, fn, tuple(args), copy)
+    try:
+        error = probe.ProbeError.from_data(data["error"])
+        if error is not None:
+            raise probe.StudentError(error.type, error.message)
+        found = data["recording"]
+        recording = Recording(
+            args=tuple(found["args"]),
+            before=tuple(found["before"]),
+            outputs=_tensor_list(found["outputs"]),
+            saved=[_saved(s) for s in found["saved"]],
+            stashed={str(path): _saved(s) for path, s in found["stashed"].items()},
+        )
+        backward = data["backward"]
+        modified = [i for i in backward["modified"] if isinstance(i, int) and 0 <= i < len(recording.saved)]
+        return recording, Backward(
+            probe.ProbeError.from_data(backward["error"]), modified, bool(backward["modified_grad_output"])
+        )
+    except (AttributeError, KeyError, TypeError) as bad:
+        raise probe.Malformed(f"malformed recording: {bad}") from None
+
+
+def _tensor_list(values: Any) -> list[torch.Tensor]:
+    if not isinstance(values, list) or not all(isinstance(v, torch.Tensor) for v in values):
+        raise probe.Malformed("expected a list of tensors")
+    return values
+
+
+def _saved(data: Any) -> Saved:
+    s = Saved(data["tensor"], data["kind"], data["index"], bool(data["view"]), bool(data["graph"]))
+    if not isinstance(s.tensor, torch.Tensor) or s.kind not in KINDS or not isinstance(s.index, (int, type(None))):
+        raise probe.Malformed("malformed saved tensor")
+    return s
+
+
+@probe.procedure
+def _observe(fn: Any, args: tuple, copy: bool) -> dict:
+    """Record `fn(*args)`, then run backward once; plain data, reported by the process
+    that ran `fn` (best effort)."""
+    if copy:
+        args = non_leaf(args)
+    try:
+        recording = record(fn, *args)
+    except Exception as exc:  # the student's code may raise anything
+        return {"error": asdict(probe.ProbeError("forward", type(exc).__name__, str(exc)))}
+
+    def snapshot(s: Saved) -> dict:  # taken before backward can change it
+        return {"tensor": s.tensor.detach().clone(), "kind": s.kind, "index": s.index, "view": s.view, "graph": s.graph}
+
+    found = {
+        "args": [a.detach() if isinstance(a, torch.Tensor) else a for a in recording.args],
+        "before": list(recording.before),
+        "outputs": [o.detach() for o in recording.outputs],
+        "saved": [snapshot(s) for s in recording.saved],
+        "stashed": {path: snapshot(s) for path, s in recording.stashed.items()},
+    }
+    return {"error": None, "recording": found, "backward": _backward(recording)}
+
+
+def _backward(recording: Recording) -> dict:
+    """Run backward once: its error, or which saved tensors and whether grad_output it
+    changed in place."""
+    outputs = [o for o in recording.outputs if o.requires_grad]
+    generator = torch.Generator().manual_seed(0)
+    grads = [torch.randn(o.shape, generator=generator, dtype=o.dtype).to(o.device) for o in outputs]
+    grads_before = [g.clone() for g in grads]
+    saved_before = [s.tensor.detach().clone() for s in recording.saved]
+    try:
+        torch.autograd.backward(outputs, grads)
+    except Exception as exc:  # the student's code may raise anything
+        error = asdict(probe.ProbeError("backward", type(exc).__name__, str(exc)))
+        return {"error": error, "modified": [], "modified_grad_output": False}
+    saved_after = [s.tensor.detach() for s in recording.saved]
+    return {
+        "error": None,
+        "modified": [i for i, (a, b) in enumerate(zip(saved_after, saved_before)) if not torch.equal(a, b)],
+        "modified_grad_output": any(not torch.equal(g, b) for g, b in zip(grads, grads_before)),
+    }
+
+
+def check_saved(student: Any, rule: SaveRule, args: tuple, *, copy: bool = False) -> Recording:
+    """Call the student's Function once on `args` (on the CPU or CUDA; on non-leaf copies
+    with `copy`) and run backward; fail unless it saved exactly what `rule` expects,
+    nothing on ctx, and backward left the saved tensors and grad_output unchanged.
+    Returns the recording."""
     __tracebackhide__ = True
     names = rule.names if rule.names.args else replace(rule.names, args=probe.argument_names(student))
     with quiet():
         try:
-            recording = record(student, *args)
-        except Exception as exc:  # the student's code may raise anything
-            what, cause = explain.error("forward", type(exc).__name__, str(exc), list(names.args))
+            recording, backward = observe(student, args, copy=copy)
+        except probe.StudentError as exc:
+            what, cause = explain.error("forward", exc.type, exc.message, list(names.args))
             fail(f"{rule.name}: {what}.", cause=cause)
     listing = "saved for backward: " + (
         ", ".join(describe(s, recording, names) for s in recording.saved) or "nothing"
@@ -252,7 +361,7 @@ def check_saved(student: Any, rule: SaveRule, args: tuple) -> Recording:
         path, s = next(iter(recording.stashed.items()))
         fail(
             f"{rule.name}: tensor `ctx.{path}` ({describe(s, recording, names)}) is stashed on ctx.",
-            cause=STASHED.format(cycle=CYCLE if s.kind == "output" and s.tensor.grad_fn is not None else ""),
+            cause=STASHED.format(cycle=CYCLE if s.kind == "output" and s.graph else ""),
         )
     got = Counter(s.role for s in recording.saved)
     unexpected = got - Counter(rule.expected)
@@ -266,33 +375,26 @@ def check_saved(student: Any, rule: SaveRule, args: tuple) -> Recording:
     if missing:
         role = next(iter(missing))
         fail(f"{rule.name} does not save {_owner(role, names, len(recording.outputs))}: {rule.fix}.", listing)
-    _check_backward_leaves_alone(rule.name, recording, names)
+    _check_backward_left_alone(rule.name, recording, backward, names)
     return recording
 
 
-def _check_backward_leaves_alone(name: str, recording: Recording, names: Names) -> None:
-    """Run backward once; it must change neither a saved tensor nor grad_output."""
+def _check_backward_left_alone(name: str, recording: Recording, backward: Backward, names: Names) -> None:
+    """The backward run after the call changed neither a saved tensor nor grad_output."""
     __tracebackhide__ = True
-    outputs = [o for o in recording.outputs if o.requires_grad]
-    generator = torch.Generator().manual_seed(0)
-    grads = [torch.randn(o.shape, generator=generator, dtype=o.dtype).to(o.device) for o in outputs]
-    grads_before = [g.clone() for g in grads]
-    saved_before = [s.tensor.detach().clone() for s in recording.saved]
-    with quiet():
-        try:
-            torch.autograd.backward(outputs, grads)
-        except Exception as exc:  # the student's code may raise anything
-            what, cause = explain.error("backward", type(exc).__name__, str(exc), list(names.args))
-            fail(f"{name}: {what}.", cause=_signature_cause(str(exc), len(recording.outputs)) or cause)
-    for s, before in zip(recording.saved, saved_before):
-        if not torch.equal(s.tensor.detach(), before):
-            fail(
-                f"{name}: backward modified a saved tensor in place: {describe(s, recording, names)}.",
-                cause="a saved input or output is the caller's tensor too, whose values then change "
-                "under the caller's feet, and a second backward fails the version check. Compute into "
-                "a new tensor (`1 - y * y`, not `y.pow_(2)`).",
-            )
-    if any(not torch.equal(g, before) for g, before in zip(grads, grads_before)):
+    if backward.error is not None:
+        error = backward.error
+        what, cause = explain.error("backward", error.type, error.message, list(names.args))
+        fail(f"{name}: {what}.", cause=_signature_cause(error.message, len(recording.outputs)) or cause)
+    if backward.modified:
+        s = recording.saved[backward.modified[0]]
+        fail(
+            f"{name}: backward modified a saved tensor in place: {describe(s, recording, names)}.",
+            cause="a saved input or output is the caller's tensor too, whose values then change "
+            "under the caller's feet, and a second backward fails the version check. Compute into "
+            "a new tensor (`1 - y * y`, not `y.pow_(2)`).",
+        )
+    if backward.modified_grad_output:
         fail(
             f"{name}: backward modified grad_output in place.",
             cause="grad_output belongs to autograd: the same tensor may also go to another branch of the "

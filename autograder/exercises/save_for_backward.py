@@ -1,15 +1,15 @@
 """Checks for notebook 06_save_for_backward."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Sequence
 
 import torch
 
-from ..checks import devices, explain, inputs
+from ..checks import devices, explain, inputs, probe
 from ..checks.functions import FunctionSpec, check_function
 from ..checks.report import fail, passed, quiet, show
-from ..checks.saved import KINDS, Names, Recording, SaveRule, check_saved, record
+from ..checks.saved import KINDS, Names, Recording, SaveRule, check_saved, non_leaf, record
 
 Cases = Callable[[torch.Generator], list[tuple]]
 
@@ -25,10 +25,7 @@ def _saves_exactly(student: Any, rule: SaveRule, cases: Cases, seed: int | None,
     generator = _generator(seed)
     for device in devices.available():
         for args in cases(generator):
-            args = devices.prepare(args, device)
-            if copy:
-                args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
-            recording = check_saved(student, rule, args)
+            recording = check_saved(student, rule, devices.prepare(args, device), copy=copy)
     return recording
 
 
@@ -36,29 +33,6 @@ def _generator(seed: int | None) -> torch.Generator:
     generator = torch.Generator()
     generator.manual_seed(torch.seed() if seed is None else seed)
     return generator
-
-
-def _check_double_backward(name: str, call: Callable[..., Any], cases: Cases, seed: int | None) -> None:
-    """gradgradcheck with respect to the first argument (check_function's double backward
-    frees the graph of a Function that saves its output before probing it again)."""
-    __tracebackhide__ = True
-    for device in devices.available():
-        for x, *rest in cases(_generator(seed)):
-            with quiet():
-                try:
-                    torch.autograd.gradgradcheck(
-                        lambda t: call(t, *rest), devices.prepare((x,), device), eps=1e-6, atol=1e-5, rtol=1e-3
-                    )
-                except Exception as exc:  # GradcheckError, or anything the student's backward raises
-                    lines = str(exc).strip().splitlines()
-                    fail(
-                        f"{name}: double backward is wrong: torch.autograd.gradgradcheck failed.",
-                        f"x of shape {tuple(x.shape)}", *lines[:8], *(["..."] if len(lines) > 8 else []),
-                        cause="backward must itself be differentiable: compute the gradient with torch "
-                        "operations from tensors saved with save_for_backward (inputs or outputs), "
-                        "not from intermediates, tensors on ctx or .detach().",
-                    )
-    passed(f"{name}: double backward is right (gradgradcheck, float64, {', '.join(devices.available())}).")
 
 
 def _bytes(recording: Recording) -> str:
@@ -194,6 +168,7 @@ class _Example:
     call: str  # how messages show the call
     fn: type[torch.autograd.Function]
     args: Callable[[torch.Tensor, torch.Tensor], tuple]  # from two random float64 leaves
+    copy: bool = False  # fn works in place: it gets non-leaf copies of the arguments
 
 
 SAVED_BY_EXAMPLES = (
@@ -204,10 +179,12 @@ SAVED_BY_EXAMPLES = (
     _Example("ReLUMask.apply(x)  # saves the bool mask x > 0", ReLUMask, lambda x, b: (x,)),
     _Example("Mul.apply(x, b)  # b does not require grad", Mul, lambda x, b: (x, b.detach())),
     _Example("SortValues.apply(x)  # saves the int64 indices, output 1", SortValues, lambda x, b: (x,)),
-    _Example("ExpInPlace.apply(x * 1)  # in place: its output is its input", ExpInPlace, lambda x, b: (x * 1,)),
+    _Example("ExpInPlace.apply(x * 1)  # in place: its output is its input", ExpInPlace, lambda x, b: (x,), copy=True),
     _Example("ExpOnCtx.apply(x)  # stashes its output on ctx", ExpOnCtx, lambda x, b: (x,)),
     _Example("Exp.apply(x.detach())  # no input requires grad", Exp, lambda x, b: (x.detach(),)),
 )
+for _example in SAVED_BY_EXAMPLES:  # handed to the student's saved_by
+    probe.reference(f"{__name__}:{_example.fn.__name__}", _example.fn)
 
 
 def check_saved_by(saved_by: Callable[..., Any], *, shape: Sequence[int] = (4,), seed: int | None = 0) -> None:
@@ -216,14 +193,18 @@ def check_saved_by(saved_by: Callable[..., Any], *, shape: Sequence[int] = (4,),
     generator = _generator(seed)
     for example in SAVED_BY_EXAMPLES:
         x, b = (inputs.normal(shape, generator).requires_grad_() for _ in range(2))
-        expected = [(s.kind, s.shape, s.nbytes) for s in record(example.fn, *example.args(x, b)).saved]
+        args = example.args(x, b)
+        recording = record(example.fn, *(non_leaf(args) if example.copy else args))
+        expected = [(s.kind, s.shape, s.nbytes) for s in recording.saved]
         with quiet():
-            try:
-                result = saved_by(example.fn, *example.args(x, b))
-            except Exception as exc:  # the student's code may raise anything
-                what, cause = explain.error("saved_by", type(exc).__name__, str(exc), [])
-                fail(f"saved_by on `{example.call}`: {what}.", f"x has shape {tuple(shape)}", cause=cause)
-        got = _entries(result, example.call)
+            result = probe.invoke(_saved_by, saved_by, example.fn, args, example.copy)
+        error = probe.ProbeError.from_data(result.get("error") if isinstance(result, dict) else None)
+        if error is not None:
+            what, cause = explain.error("saved_by", error.type, error.message, [])
+            fail(f"saved_by on `{example.call}`: {what}.", f"x has shape {tuple(shape)}", cause=cause)
+        if not isinstance(result, dict) or "value" not in result:
+            raise probe.Malformed("malformed saved_by result")
+        got = _entries(result["value"], example.call)
         if got != expected:
             fail(
                 f"saved_by on `{example.call}` is wrong.",
@@ -236,6 +217,16 @@ def check_saved_by(saved_by: Callable[..., Any], *, shape: Sequence[int] = (4,),
         f"saved_by: right on {len(SAVED_BY_EXAMPLES)} Functions (inputs, outputs, a view, intermediates, "
         "a bool mask, an int64 output, an in-place Function, a tensor stashed on ctx, a call without grad)."
     )
+
+
+@probe.procedure
+def _saved_by(saved_by: Callable[..., Any], fn: type[torch.autograd.Function], args: tuple, copy: bool) -> dict:
+    """saved_by(fn, *args) (on non-leaf copies of the arguments with `copy`): its result
+    as it is, or its error."""
+    try:
+        return {"value": saved_by(fn, *(non_leaf(args) if copy else args)), "error": None}
+    except Exception as exc:  # the student's code may raise anything
+        return {"value": None, "error": asdict(probe.ProbeError("call", type(exc).__name__, str(exc)))}
 
 
 def _entries(result: Any, call: str) -> list[tuple]:
@@ -290,7 +281,9 @@ def _saved_by_cause(expected: list[tuple], got: list[tuple]) -> str:
 
 # --- Exercise: Sigmoid saves its output ----------------------------------------------------
 
-SIGMOID = FunctionSpec(name="Sigmoid", reference=torch.sigmoid, cases=_normal_cases([(5,), (2, 3)]))
+SIGMOID = FunctionSpec(
+    name="Sigmoid", reference=torch.sigmoid, cases=_normal_cases([(5,), (2, 3)]), double_backward=True
+)
 
 SIGMOID_SAVES = SaveRule(
     name="Sigmoid",
@@ -317,7 +310,6 @@ def check_sigmoid(student: Any, *, shapes: Sequence[Sequence[int]] = ((5,), (2, 
     recording = _saves_exactly(student, SIGMOID_SAVES, cases, seed)
     passed(f"Sigmoid saves exactly its output ({_bytes(recording)}), nothing on ctx.")
     check_function(student, replace(SIGMOID, cases=cases), seed=seed)
-    _check_double_backward("Sigmoid", student.apply, cases, seed)
 
 
 # --- Exercise: Tanh_ in place -------------------------------------------------------------
@@ -326,7 +318,9 @@ def _tanh_hint(args: tuple, i: int, wrong: torch.Tensor) -> str:
     return "after x.tanh_() the saved tensor holds y = tanh(x), not x, and tanh'(x) = 1 − y²."
 
 
-TANH = FunctionSpec(name="Tanh_", reference=torch.tanh, cases=_normal_cases([(5,), (2, 3)]), hint=_tanh_hint)
+TANH = FunctionSpec(
+    name="Tanh_", reference=torch.tanh, cases=_normal_cases([(5,), (2, 3)]), double_backward=True, hint=_tanh_hint
+)
 
 TANH_SAVES = SaveRule(
     name="Tanh_",
@@ -351,31 +345,31 @@ def check_tanh_(student: type[torch.autograd.Function], *, shapes: Sequence[Sequ
     passed("Tanh_ modifies its input in place, returns it, and declares it with ctx.mark_dirty.")
     recording = _saves_exactly(student, TANH_SAVES, cases, seed, copy=True)
     passed(f"Tanh_ saves exactly its output, the input's own memory ({_bytes(recording)}).")
-    check_function(_on_a_copy(student), replace(TANH, cases=cases), seed=seed)
-    _check_double_backward("Tanh_", _on_a_copy(student), cases, seed)
+    check_function(_OnAClone(student), replace(TANH, cases=cases), seed=seed)
 
 
 def _check_in_place(student: type[torch.autograd.Function], leaf: torch.Tensor) -> None:
     __tracebackhide__ = True
-    x = leaf * 1  # a non-leaf: in-place operations on a leaf that requires grad are refused
-    before = x.detach().clone()
-    shown = f"x = {show(before)}"
+    shown = f"x = {show(leaf.detach())}"
     with quiet():
-        try:
-            y = student.apply(x)
-        except Exception as exc:  # the student's code may raise anything
-            what, cause = explain.error("forward", type(exc).__name__, str(exc), ["x"])
-            if "marked as dirty" in str(exc):
-                cause = "a tensor passed to ctx.mark_dirty must be returned: return x itself, not a new tensor."
-            fail(f"Tanh_: {what}.", shown, cause=cause)
-    if torch.equal(x.detach(), before):
+        found = probe.invoke(_apply_in_place, student, leaf)
+    try:
+        error, modified, returned = probe.ProbeError.from_data(found["error"]), found["modified"], found["returned"]
+    except (KeyError, TypeError) as bad:
+        raise probe.Malformed(f"malformed in-place report: {bad}") from None
+    if error is not None:
+        what, cause = explain.error("forward", error.type, error.message, ["x"])
+        if "marked as dirty" in error.message:
+            cause = "a tensor passed to ctx.mark_dirty must be returned: return x itself, not a new tensor."
+        fail(f"Tanh_: {what}.", shown, cause=cause)
+    if not modified:
         fail(
             "Tanh_ did not modify its input: x still holds its old values.", shown,
             cause="compute tanh in x's own memory (`x.tanh_()`) and return x; that saves the "
             "memory of a new output, which is the point of an in-place Function.",
         )
-    if y is not x:
-        view = isinstance(y, torch.Tensor) and y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    if returned != "x":
+        view = returned == "a view of x"
         fail(
             f"Tanh_ returned {'a view of x' if view else 'a new tensor'}, not x itself.", shown,
             cause="without ctx.mark_dirty(x) autograd does not know that forward changed x: "
@@ -385,13 +379,42 @@ def _check_in_place(student: type[torch.autograd.Function], leaf: torch.Tensor) 
         )
 
 
-def _on_a_copy(student: type[torch.autograd.Function]) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The Function applied to a non-leaf copy, so gradients reach the checks' leaf."""
+@probe.procedure
+def _apply_in_place(function: type[torch.autograd.Function], leaf: torch.Tensor) -> dict:
+    """Apply `function` to x = leaf * 1 (a non-leaf): its error, whether x changed, and
+    whether it returned "x" itself, "a view of x" or "something else" (best effort)."""
+    x = leaf * 1  # in-place operations on a leaf that requires grad are refused
+    before = x.detach().clone()
+    try:
+        y = function.apply(x)
+    except Exception as exc:  # the student's code may raise anything
+        error = asdict(probe.ProbeError("forward", type(exc).__name__, str(exc)))
+        return {"error": error, "modified": False, "returned": None}
+    same_memory = isinstance(y, torch.Tensor) and y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    returned = "x" if y is x else "a view of x" if same_memory else "something else"
+    return {"error": None, "modified": not torch.equal(x.detach(), before), "returned": returned}
+
+
+class _OnAClone(probe.StudentProxy):
+    """The student's in-place Function applied to a clone of its argument, so that
+    gradients reach the checks' leaf: every probe of it runs through `_on_a_clone`, where
+    the Function is."""
+
+    def __init__(self, function: Any) -> None:
+        self.function = function
+
+    def invoke(self, procedure: str, *args: Any) -> Any:
+        return probe.invoke(_on_a_clone, self.function, procedure, *args)
+
+
+@probe.procedure
+def _on_a_clone(function: type[torch.autograd.Function], procedure: str, *args: Any) -> Any:
+    """The probe procedure called `procedure` on `x -> function.apply(x.clone())`."""
 
     def tanh_(x):
-        return student.apply(x.clone())
+        return function.apply(x.clone())
 
-    return tanh_
+    return probe.PROCEDURES[procedure](tanh_, *args)
 
 
 # --- Exercise: Sort with non-differentiable indices -----------------------------------------
@@ -408,7 +431,9 @@ def _sort_hint(args: tuple, i: int, wrong: torch.Tensor) -> str:
     )
 
 
-SORT = FunctionSpec(name="Sort", reference=torch.sort, cases=_sort_cases([(6,), (3, 4)], [0, 1]), hint=_sort_hint)
+SORT = FunctionSpec(
+    name="Sort", reference=torch.sort, cases=_sort_cases([(6,), (3, 4)], [0, 1]), double_backward=True, hint=_sort_hint
+)
 
 SORT_SAVES = SaveRule(
     name="Sort",
@@ -437,7 +462,6 @@ def check_sort(student: type[torch.autograd.Function], *, shapes: Sequence[Seque
     recording = _saves_exactly(student, SORT_SAVES, cases, seed)
     passed(f"Sort saves exactly the indices ({_bytes(recording)}), nothing on ctx.")
     check_function(student, replace(SORT, cases=cases), seed=seed)
-    _check_double_backward("Sort", student.apply, cases, seed)
 
 
 def _check_sort_outputs(student: type[torch.autograd.Function], args: tuple) -> None:
@@ -445,24 +469,42 @@ def _check_sort_outputs(student: type[torch.autograd.Function], args: tuple) -> 
     x, dim = args
     shown = f"x of shape {tuple(x.shape)}, dim = {dim}"
     with quiet():
-        try:
-            result = student.apply(*args)
-        except Exception as exc:  # the student's code may raise anything
-            what, cause = explain.error("forward", type(exc).__name__, str(exc), ["x", "dim"])
-            fail(f"Sort: {what}.", shown, cause=cause)
-    if not isinstance(result, tuple) or len(result) != 2 or not all(isinstance(t, torch.Tensor) for t in result):
-        fail("Sort must return two tensors, (values, indices).", shown, f"got {type(result).__name__}")
-    values, indices = result
-    if indices.dtype != torch.int64:
+        found = probe.invoke(_sort_outputs, student, args)
+    try:
+        error, returned, outputs = probe.ProbeError.from_data(found["error"]), found["type"], found["outputs"]
+        pair = [(str(dtype), bool(graph)) for dtype, graph in outputs] if outputs is not None else None
+    except (KeyError, TypeError, ValueError) as bad:
+        raise probe.Malformed(f"malformed Sort outputs: {bad}") from None
+    if error is not None:
+        what, cause = explain.error("forward", error.type, error.message, ["x", "dim"])
+        fail(f"Sort: {what}.", shown, cause=cause)
+    if pair is None or len(pair) != 2:
+        fail("Sort must return two tensors, (values, indices).", shown, f"got {returned}")
+    (_, values_graph), (indices_dtype, _) = pair
+    if indices_dtype != str(torch.int64):
         fail(
-            f"Sort: the indices have dtype {indices.dtype}, expected torch.int64.", shown,
+            f"Sort: the indices have dtype {indices_dtype}, expected torch.int64.", shown,
             cause="return the indices torch.sort gives: integer positions, which autograd never differentiates.",
         )
-    if values.grad_fn is None:
+    if not values_graph:
         fail(
             "Sort: the values are not connected to autograd (no grad_fn).", shown,
             cause="only the indices are non-differentiable: pass them, not the values, to ctx.mark_non_differentiable.",
         )
+
+
+@probe.procedure
+def _sort_outputs(function: type[torch.autograd.Function], args: tuple) -> dict:
+    """`function.apply(*args)`: its error, the name of its result's type and, for a tuple
+    of tensors, (dtype, has a grad_fn) for each (best effort)."""
+    try:
+        result = function.apply(*args)
+    except Exception as exc:  # the student's code may raise anything
+        error = asdict(probe.ProbeError("forward", type(exc).__name__, str(exc)))
+        return {"error": error, "type": None, "outputs": None}
+    tensors = isinstance(result, tuple) and all(isinstance(t, torch.Tensor) for t in result)
+    outputs = [(str(t.dtype), t.grad_fn is not None) for t in result] if tensors else None
+    return {"error": None, "type": type(result).__name__, "outputs": outputs}
 
 
 # --- Exercise: error, silently wrong, or correct? -----------------------------------------
