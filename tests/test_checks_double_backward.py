@@ -8,6 +8,7 @@ from torch.autograd.function import once_differentiable
 
 from autograder import authoring
 from autograder.checks import graphs
+from autograder.checks.remote import Remote, loopback
 from autograder.checks.report import CheckFailed
 from autograder.exercises import double_backward as ex
 from grading import exercises
@@ -234,12 +235,57 @@ def test_hvp_not_implemented():
     _fails(ex.check_hvp, hvp, "hvp raised NotImplementedError", "not implemented yet")
 
 
-def test_the_workaround_restores_the_probe():
-    from autograder.checks import probe
+def _hvp_changing_x(f, x, v):
+    x.requires_grad_()
+    (g,) = torch.autograd.grad(f(x), x, create_graph=True)
+    return torch.autograd.grad(g, x, v)[0]
 
-    original = probe._second_order
-    ex.check_sinh(_sinh("output"))
-    assert probe._second_order is original
+
+def _hvp_without_create_graph(f, x, v):
+    x = x.detach().requires_grad_()
+    (g,) = torch.autograd.grad(f(x), x)
+    return torch.autograd.grad(g, x, v)[0]
+
+
+def _hvp_of_ones(f, x, v):
+    x = x.detach().requires_grad_()
+    (g,) = torch.autograd.grad(f(x), x, create_graph=True)
+    return torch.autograd.grad(g.sum(), x)[0]
+
+
+def _hvp_by_hessian(f, x, v):
+    n = x.numel()
+    return (torch.autograd.functional.hessian(f, x).reshape(n, n) @ v.flatten()).reshape(x.shape)
+
+
+def _message(check, student, **kwargs) -> str | None:
+    try:
+        check(student, **kwargs)
+    except CheckFailed as failure:
+        return str(failure)
+    return None
+
+
+@pytest.mark.parametrize("check, student, kwargs, right", [
+    (ex.check_hvp, _hvp, {}, True),
+    (ex.check_hvp, _hvp, {"shapes": [(2, 3)], "x_requires_grad": True}, True),
+    (ex.check_hvp, lambda f, x, v: torch.autograd.functional.vhp(f, x, v, create_graph=True)[1], {}, True),
+    (ex.check_hvp, _hvp_changing_x, {}, False),
+    (ex.check_hvp, _hvp_without_create_graph, {}, False),
+    (ex.check_hvp, _hvp_of_ones, {}, False),
+    (ex.check_hvp, _hvp_by_hessian, {}, False),
+    (ex.check_hvp, lambda f, x, v: _hvp(f, x, v).sum(), {}, False),
+    (ex.check_hvp, lambda f, x, v: None, {}, False),
+    (ex.check_hvp, lambda f, x, v: torch.func.jvp(torch.func.grad(f), (x,), (v,))[1], {}, False),
+    (ex.check_sinh, _sinh("output"), {}, True),
+    (ex.check_sinh, _sinh("intermediates"), {}, False),
+    (ex.check_cube_backward, _cube_backward(lambda g, go, x: _right(g, go, x)[::-1]), {}, False),
+], ids=["hvp", "hvp-matrix-x-requires-grad", "vhp", "hvp-changes-x", "hvp-no-create-graph", "hvp-ones",
+        "hvp-hessian", "hvp-shape", "hvp-none", "hvp-torch-func", "sinh", "sinh-intermediates", "cube-order"])
+def test_a_check_says_the_same_in_the_grader_as_in_the_kernel(check, student, kwargs, right):
+    local = _message(check, student, **kwargs)
+    assert (local is None) == right, local
+    assert _message(check, Remote("student", loopback({"student": student})), **kwargs) == local
 
 
 # --- The key of the graph questions matches the graphs ------------------------------------

@@ -45,7 +45,7 @@ def encode(value: Any) -> tuple[Any, list[bytes]]:
             t = t.to("cpu").contiguous()
             buffers.append(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
             return {"__tensor__": len(buffers) - 1, "dtype": str(t.dtype).removeprefix("torch."),
-                    "shape": list(t.shape), "grad": grad}
+                    "shape": list(t.shape), "grad": grad, "device": v.device.type}
         if isinstance(v, tuple):
             return {"__tuple__": [walk(x, depth + 1) for x in v]}
         if isinstance(v, list):
@@ -105,9 +105,8 @@ def decode(structure: Any, buffers: Sequence[bytes], *, references: bool = False
                 numel *= n
             if len(data) != numel * torch.empty((), dtype=dtype).element_size():
                 raise WireError("tensor size does not match its buffer")
-            if numel == 0:
-                return _grad(torch.empty(shape, dtype=dtype), v)
-            return _grad(torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape).clone(), v)
+            t = torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape).clone() if numel else torch.empty(shape, dtype=dtype)
+            return _grad(_device(t, v.get("device", "cpu")), v)
         raise WireError("malformed payload")
 
     return walk(structure, 0)
@@ -120,6 +119,15 @@ def _reference(key: Any, allowed: bool) -> Any:
     if key not in probe.REFERENCES:
         raise WireError(f"unknown function reference {key!r}")
     return probe.REFERENCES[key]
+
+
+def _device(t: torch.Tensor, device: Any) -> torch.Tensor:
+    """Tensors travel as CPU bytes and come back to the device they were sent from."""
+    if device == "cpu":
+        return t
+    if device == "cuda" and torch.cuda.is_available():
+        return t.to("cuda")
+    raise WireError(f"device {device!r} is not available here")
 
 
 def _grad(t: torch.Tensor, header: dict) -> torch.Tensor:

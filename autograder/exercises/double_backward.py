@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Sequence
 
 import torch
 
-from ..checks import devices, explain, inputs
+from ..checks import devices, explain, inputs, probe
 from ..checks.functions import FunctionSpec, check_function
 from ..checks.report import fail, note, passed, quiet, show
 
@@ -108,19 +108,28 @@ class _Cube(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         return _CubeBackward.apply(grad_out, x)
 
+
 Scalar = Callable[[torch.Tensor], torch.Tensor]
 
+# The functions hvp is tested on, as f(x, *params): they cross to the student's process by
+# name (the params, fixed random matrices, as tensors), where f(x) = f(x, *params) is built.
+_SIN_X = probe.reference(f"{__name__}:sin_x", lambda x: (x.sin() * x).sum())
+_QUADRATIC = probe.reference(
+    f"{__name__}:quadratic", lambda x, a: x.flatten() @ a @ x.flatten() / 2 + (x**4).sum()
+)
+_LOGSUMEXP = probe.reference(f"{__name__}:logsumexp", lambda x, w: torch.logsumexp(w @ x.flatten(), 0))
+_CUBE_SIN = probe.reference(f"{__name__}:cube_sin", lambda x: _Cube.apply(x).sin().sum())
 
-def _hvp_functions(n: int, generator: torch.Generator) -> list[tuple[str, Scalar]]:
-    """(description, f) pairs of scalar functions of x; A and W are fixed random matrices."""
+
+def _hvp_functions(n: int, generator: torch.Generator) -> list[tuple[str, Callable, list[torch.Tensor]]]:
+    """(description, f, params) of scalar functions f(x, *params); A and W are fixed random matrices."""
     a = inputs.normal((n, n), generator)
     w = inputs.normal((3, n), generator)
     return [
-        ("f(x) = (x.sin() * x).sum()", lambda x: (x.sin() * x).sum()),
-        ("f(x) = x·A·x / 2 + (x**4).sum(), A not symmetric",
-         lambda x: x.flatten() @ a @ x.flatten() / 2 + (x**4).sum()),
-        ("f(x) = torch.logsumexp(W @ x, 0)", lambda x: torch.logsumexp(w @ x.flatten(), 0)),
-        ("f(x) = Cube.apply(x).sin().sum(), Cube a custom Function", lambda x: _Cube.apply(x).sin().sum()),
+        ("f(x) = (x.sin() * x).sum()", _SIN_X, []),
+        ("f(x) = x·A·x / 2 + (x**4).sum(), A not symmetric", _QUADRATIC, [a]),
+        ("f(x) = torch.logsumexp(W @ x, 0)", _LOGSUMEXP, [w]),
+        ("f(x) = Cube.apply(x).sin().sum(), Cube a custom Function", _CUBE_SIN, []),
     ]
 
 
@@ -133,11 +142,66 @@ def _reference(f: Scalar, x: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tenso
     return (h @ v.flatten()).reshape(x.shape), h.sum(1).reshape(x.shape), g
 
 
-def _hvp_error(exc: Exception, f_had_graph: bool) -> tuple[str, str | None]:
-    message = str(exc)
-    first = message.strip().splitlines()[0] if message.strip() else type(exc).__name__
-    what = f"hvp raised {type(exc).__name__}: {first}"
-    if isinstance(exc, NotImplementedError):
+@dataclass
+class _HvpCall:
+    """What hvp(f, x, v) did. Only `value` is checked by the grader; the other facts are
+    gathered in the student's process, so they are best effort."""
+
+    value: torch.Tensor | None  # what hvp returned, if a tensor
+    type: str  # the type of what it returned
+    error: probe.ProbeError | None  # what it raised
+    f_had_graph: bool  # every f(x) it computed required grad
+    x_changed: bool  # the caller's x lost or gained requires_grad, got a .grad, or changed values
+    backward_calls: int  # how often the gradient of Cube (in f) was differentiated
+
+    @staticmethod
+    def from_data(data: Any) -> "_HvpCall":
+        try:
+            fields = dict(data)
+            error = probe.ProbeError.from_data(fields.pop("error"))
+            found = _HvpCall(**fields, error=error)
+        except (KeyError, TypeError, ValueError) as bad:
+            raise probe.Malformed(f"malformed hvp call: {bad}") from None
+        if not (
+            (found.value is None or isinstance(found.value, torch.Tensor)) and isinstance(found.type, str)
+            and isinstance(found.f_had_graph, bool) and isinstance(found.x_changed, bool)
+            and isinstance(found.backward_calls, int)
+        ):
+            raise probe.Malformed("malformed hvp call")
+        return found
+
+
+@probe.procedure
+def _call_hvp(hvp: Any, f: Callable, params: list, x: torch.Tensor, v: torch.Tensor) -> dict:
+    """hvp(f(·, *params), x, v), and what it did to x and with f (best effort: see _HvpCall)."""
+    values = []  # what f returned to the student's code
+
+    def traced(x):
+        values.append(f(x, *params))
+        return values[-1]
+
+    before, requires_grad = x.detach().clone(), x.requires_grad
+    _CubeBackward.calls = 0
+    value, error = None, None
+    try:
+        value = hvp(traced, x, v)
+    except Exception as exc:  # the student's code may raise anything
+        error = asdict(probe.ProbeError("call", type(exc).__name__, str(exc)))
+    return {
+        "value": value if isinstance(value, torch.Tensor) else None,
+        "type": type(value).__name__,
+        "error": error,
+        "f_had_graph": all(y.requires_grad for y in values),
+        "x_changed": x.requires_grad != requires_grad or x.grad is not None or not torch.equal(x.detach(), before),
+        "backward_calls": _CubeBackward.calls,
+    }
+
+
+def _hvp_error(error: probe.ProbeError, f_had_graph: bool) -> tuple[str, str | None]:
+    message = error.message
+    first = message.strip().splitlines()[0] if message.strip() else error.type
+    what = f"hvp raised {error.type}: {first}"
+    if error.type == "NotImplementedError":
         return "hvp raised NotImplementedError", explain.NOT_IMPLEMENTED
     if "does not require grad and does not have a grad_fn" in message and not f_had_graph:
         return what, (
@@ -181,30 +245,25 @@ def _hvp_cause(actual, want, ones, grad, *, rtol: float, atol: float) -> str | N
     return explain.gradient_cause(want, actual, None, rtol=rtol, atol=atol)
 
 
-def _check_hvp_once(hvp, label: str, f: Scalar, x: torch.Tensor, v: torch.Tensor, rtol: float, atol: float) -> None:
+def _check_hvp_once(
+    hvp: Any, label: str, f: Callable, params: list[torch.Tensor], x: torch.Tensor, v: torch.Tensor,
+    rtol: float, atol: float,
+) -> None:
     __tracebackhide__ = True
-    want, ones, grad = _reference(f, x, v)
-    before, requires_grad = x.detach().clone(), x.requires_grad
+    want, ones, grad = _reference(lambda x: f(x, *params), x, v)
     shown = [label, f"x = {show(x)}", f"v = {show(v)}"]
-    values = []  # what f returned to the student's code
-
-    def traced(x):
-        values.append(f(x))
-        return values[-1]
-
-    _CubeBackward.calls = 0
-    try:
-        actual = hvp(traced, x, v)
-    except Exception as exc:  # the student's code may raise anything
-        what, cause = _hvp_error(exc, f_had_graph=all(y.requires_grad for y in values))
+    call = _HvpCall.from_data(probe.invoke(_call_hvp, hvp, f, params, x, v))
+    if call.error is not None:
+        what, cause = _hvp_error(call.error, call.f_had_graph)
         fail(f"{what}.", *shown, cause=cause)
-    if x.requires_grad != requires_grad or x.grad is not None or not torch.equal(x.detach(), before):
+    if call.x_changed:
         fail(
             "hvp changed the caller's x (its requires_grad, its .grad or its values).", *shown,
             cause="work on a copy: `x = x.detach().requires_grad_()` at the start of hvp.",
         )
-    if not isinstance(actual, torch.Tensor) or actual.shape != x.shape:
-        got = f"shape {tuple(actual.shape)}" if isinstance(actual, torch.Tensor) else type(actual).__name__
+    actual = call.value
+    if actual is None or actual.shape != x.shape:
+        got = call.type if actual is None else f"shape {tuple(actual.shape)}"
         fail(f"hvp must return a tensor of the shape of x, {tuple(x.shape)}; got {got}.", *shown)
     actual = actual.detach().to(want.device, want.dtype)
     if not torch.allclose(actual, want, rtol=rtol, atol=atol):
@@ -213,9 +272,9 @@ def _check_hvp_once(hvp, label: str, f: Scalar, x: torch.Tensor, v: torch.Tensor
             explain.mismatch(want.cpu(), actual.cpu(), rtol=rtol, atol=atol),
             cause=_hvp_cause(actual, want, ones, grad, rtol=rtol, atol=atol),
         )
-    if _CubeBackward.calls > 2:
+    if call.backward_calls > 2:
         fail(
-            f"hvp differentiated the gradient of f {_CubeBackward.calls} times for an x of "
+            f"hvp differentiated the gradient of f {call.backward_calls} times for an x of "
             f"{x.numel()} elements: it builds the whole Hessian, one backward pass per entry.",
             *shown,
             cause="an HVP needs two backward passes whatever the size of x: the gradient with "
@@ -243,9 +302,10 @@ def check_hvp(
             x = inputs.uniform(shape, generator, -1.5, 1.5)
             v = inputs.normal(shape, generator)
             for device in devices.available():
-                for label, f in functions:
+                for label, f, params in functions:
                     x_ = x.to(device).clone().requires_grad_(x_requires_grad)
-                    _check_hvp_once(hvp, label, f, x_, v.to(device), rtol, atol)
+                    params_ = [p.to(device) for p in params]
+                    _check_hvp_once(hvp, label, f, params_, x_, v.to(device), rtol, atol)
                     count += 1
     passed(
         f"hvp: H v agrees with the full Hessian for {count} function(s), without building the "
