@@ -92,7 +92,7 @@ def namespace(slug: str, answers: dict[str, str] | None = None) -> dict:
         for cell in nb.cells:
             meta = cell.metadata.get("nbgrader", {})
             grade_id = meta.get("grade_id", "")
-            if cell.cell_type != "code" or meta.get("grade") or grade_id == "setup" or "check" in grade_id:
+            if cell.cell_type != "code" or meta.get("grade") or grade_id == "setup" or grade_id.startswith("check"):
                 continue
             source = (answers or {}).get(grade_id, model_solution(cell.source) if meta.get("solution") else cell.source)
             try:

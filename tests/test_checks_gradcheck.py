@@ -15,6 +15,8 @@ import torch
 
 from answers import gradcheck as answers
 from autograder import authoring
+from autograder.checks import probe
+from autograder.checks.remote import Remote, loopback
 from autograder.checks.report import CheckFailed, quiet
 from autograder.exercises import gradcheck as checks
 from grading import exercises
@@ -205,3 +207,77 @@ def test_every_diagnosis_case_fails_gradcheck_and_has_a_key():
         with quiet():
             assert not torch.autograd.gradcheck(fn, inputs, raise_exception=False, **options), question
         assert key[question] in checks.DIAGNOSIS_CHOICES
+
+
+# --- the grader's process judges as the kernel does -----------------------------------------
+
+def _outcome(check, args, capsys) -> tuple[str | None, str]:
+    """(failure message or None, what the check printed)."""
+    try:
+        check(*args)
+        message = None
+    except CheckFailed as failure:
+        message = str(failure)
+    return message, capsys.readouterr().out
+
+
+CHECKED = {  # exercise: (check, the notebook names it is given)
+    "numerical_jacobian": (checks.check_numerical_jacobian, ("numerical_jacobian",)),
+    "mini_gradcheck": (checks.check_mini_gradcheck, ("mini_gradcheck", "analytical_jacobian")),
+    "max_gradient_error": (checks.check_max_gradient_error, ("max_gradient_error",)),
+}
+
+
+@pytest.mark.parametrize("exercise, label, words", [
+    ("numerical_jacobian", None, None),
+    ("numerical_jacobian", "forward difference instead of central", "forward difference"),
+    ("numerical_jacobian", "perturbs the caller's tensors", "changed input 0 of the caller"),
+    ("mini_gradcheck", None, None),
+    ("mini_gradcheck", "reports row and column swapped", "row and column are swapped"),
+    ("mini_gradcheck", "does not report the offending entry", "raise JacobianMismatch(output, input, row, col"),
+    ("mini_gradcheck", "ignores rtol", "torch's gradcheck passes"),
+    ("mini_gradcheck", "runs in float32 (accepts float32 inputs)", "in float32 the finite differences"),
+    ("mini_gradcheck", "no allow_unused", "allow_unused=True"),
+    ("max_gradient_error", None, None),
+    ("max_gradient_error", "returns the index, not the value of x", "not its index"),
+])
+def test_a_check_says_the_same_in_the_grader_as_in_the_kernel(exercise, label, words, capsys):
+    """Through Remote proxies (student code answering over the wire format) a check gives
+    the same message and output as with the student's own functions."""
+    ns = namespace({} if label is None else {exercise: mutant(label, exercise)})
+    check, names = CHECKED[exercise]
+    local = _outcome(check, [ns[name] for name in names], capsys)
+    transport = loopback(ns)
+    remote = _outcome(check, [Remote(name, transport) for name in names], capsys)
+    assert remote == local
+    assert (local[0] is None) if words is None else (words in local[0])
+
+
+def test_mini_gradcheck_is_graded_independently_in_the_grader_too(capsys):
+    ns = namespace({"numerical_jacobian": mutant("wrong eps scaling: divides by eps")})
+    broken = ns["numerical_jacobian"]
+    transport = loopback(ns)
+    message, _ = _outcome(checks.check_mini_gradcheck,
+                          [Remote("mini_gradcheck", transport), Remote("analytical_jacobian", transport)], capsys)
+    assert message is None
+    assert ns["numerical_jacobian"] is broken  # put back after each call
+
+
+def test_unimplemented_answers_say_so_in_the_grader_too(capsys):
+    stub = "def mini_gradcheck(f, inputs, *, eps=1e-6, atol=1e-5, rtol=1e-3):\n    raise NotImplementedError()"
+    ns = namespace({"mini_gradcheck": stub})  # analytical_jacobian: the reference's
+    message, _ = _outcome(checks.check_mini_gradcheck, [ns["mini_gradcheck"], checks.analytical_jacobian], capsys)
+    assert "not implemented yet" in message
+    remote, _ = _outcome(checks.check_mini_gradcheck,
+                         [Remote("mini_gradcheck", loopback(ns)), checks.analytical_jacobian], capsys)
+    assert remote == message
+
+
+def test_functions_handed_to_student_code_cross_by_name():
+    generator = torch.Generator().manual_seed(0)
+    cases = checks._jacobian_cases(generator) + checks._mini_gradcheck_cases(generator)
+    handed = [c.f for c in cases] + [a.f for a in checks._approximations(generator)]
+    handed += list(checks._ONE_WRONG_ENTRY.values())
+    for f in handed:
+        key = probe.REFERENCE_KEYS[id(f)]
+        assert probe.REFERENCES[key] is f and key.startswith("autograder.exercises.gradcheck:")

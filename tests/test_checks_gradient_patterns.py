@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from autograder.checks.remote import Remote, loopback
 from autograder.checks.report import CheckFailed
 from autograder.exercises import gradient_patterns as gp
 
@@ -367,3 +368,87 @@ def test_known_mistake_skips_mistakes_that_cannot_run():
     actual = torch.ones(2)
     assert gp._known_mistake(actual, [(impossible, "no"), (lambda: torch.ones(2), "yes")]) == "yes"
     assert gp._known_mistake(actual, [(lambda: torch.zeros(2), "no")]) is None
+
+
+# --- the same verdicts through a student's process ----------------------------------------
+
+def _outcome(check, student, capsys, **kwargs) -> tuple[str | None, str]:
+    """(failure message or None, what the check printed)."""
+    try:
+        check(student, **kwargs)
+        message = None
+    except CheckFailed as failure:
+        message = str(failure)
+    return message, capsys.readouterr().out
+
+
+def same_remotely(check, student, name, capsys, **kwargs) -> tuple[str | None, str]:
+    """Run `check` on `student` here and through Remote(name, loopback(...)): the same
+    failure message either way. Returns it (None if the check passed) and what the check
+    printed remotely."""
+    local = _outcome(check, student, capsys, **kwargs)
+    remote = _outcome(check, Remote(name, loopback({name: student})), capsys, **kwargs)
+    assert remote[0] == local[0]
+    return remote
+
+
+def _in_place(grad, shape):
+    out = grad.sum_to_size(shape).clone()
+    grad.zero_()
+    return out
+
+
+def _on_cpu(grad, shape):
+    return torch.zeros(tuple(shape), dtype=grad.dtype) + grad.sum_to_size(shape)
+
+
+def _tuples_only(grad, shape):  # fails where a backward would pass x.shape, a torch.Size
+    return grad if isinstance(shape, torch.Size) else grad.sum_to_size(shape)
+
+
+@pytest.mark.parametrize(
+    "student, expected",
+    [
+        (unbroadcast, None),
+        (_without_keepdim, "without keepdim=True"),
+        (_from_the_left, "matched from the left"),
+        (lambda g, s: g.sum_to_size(s).tolist(), "returned list, not a tensor"),
+        (lambda g, s: g.sum_to_size(s).float(), "torch.float32"),
+        (_in_place, "modified `grad` in place"),
+        (_on_cpu, "on another device (meta)"),
+        (_tuples_only, "unbroadcast(grad, torch.Size([3, 1])) has shape (2, 3, 4), expected (3, 1)"),
+    ],
+)
+def test_unbroadcast_verdicts_are_the_same_remotely(student, expected, capsys):
+    message, printed = same_remotely(gp.check_unbroadcast, student, "unbroadcast", capsys)
+    assert message is None if expected is None else expected in message
+    assert message is not None or "meta device: no tensor is tied to the CPU" in printed
+
+
+def test_unbroadcast_error_is_the_same_remotely(capsys):
+    def broken(grad, shape):
+        raise ValueError("nope")
+
+    message, _ = same_remotely(gp.check_unbroadcast, broken, "unbroadcast", capsys)
+    assert "unbroadcast raised ValueError: nope" in message
+
+
+def test_affine_verdicts_are_the_same_remotely(capsys, monkeypatch):
+    def engine_sums(ctx, g):
+        x, weight = ctx.saved_tensors
+        return g * weight, g * x, g
+
+    message, printed = same_remotely(gp.check_affine, Affine, "Affine", capsys)
+    assert message is None and "course's unbroadcast in place of yours" in printed
+    message, _ = same_remotely(gp.check_affine, function(_affine_forward, engine_sums), "Affine", capsys)
+    assert "returned a gradient of shape (2, 3, 4) for `weight`" in message
+
+    wrong = lambda grad, shape: grad  # noqa: E731  (graded by exercise 4.3 only)
+    monkeypatch.setitem(globals(), "unbroadcast", wrong)
+    assert same_remotely(gp.check_affine, Affine, "Affine", capsys)[0] is None
+    assert globals()["unbroadcast"] is wrong  # restored in the student's namespace
+
+
+def test_max_verdict_at_ties_is_the_same_remotely(capsys):
+    message, _ = same_remotely(gp.check_max, _max(lambda is_max, dim: is_max), "Max", capsys)
+    assert "every tied entry got the whole grad_output" in message

@@ -3,6 +3,11 @@
 Jacobians are in gradcheck's layout: `J[i][j]` is the Jacobian of output i with respect
 to input j, a 2-D tensor with one row per entry of input j and one column per entry of
 output i (both flattened), so `J[i][j][r, c]` = d output_i[c] / d input_j[r].
+
+The checks can judge in the grader's process: student code runs only in the probe
+procedure `_attempted` (and in `check_function`'s probes), and the functions the checks
+hand to student code (the `f` of `numerical_jacobian(f, inputs, eps)`) are registered
+references, which cross processes by name.
 """
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch.autograd.gradcheck import GradcheckError
 
-from ..checks import devices, explain
+from ..checks import devices, explain, probe
 from ..checks.functions import FunctionSpec, check_function
 from ..checks.report import fail, note, passed, quiet, show
 
@@ -113,11 +118,38 @@ def _tanh_derivative(x: torch.Tensor) -> torch.Tensor:
     return 1 - x.tanh() ** 2
 
 
-_TANH_IGNORES_GRAD_OUTPUT = _elementwise("TanhIgnoresGradOutput", torch.tanh, _tanh_derivative, chain_rule=False)
-_TANH_OFF_BY = {
-    k: _elementwise(f"TanhOffBy{k:g}", torch.tanh, lambda x, k=k: _tanh_derivative(x) * (1 + k)) for k in (5e-4, 5e-3)
-}
 _WRONG_BACKWARD = _elementwise("ExpWithWrongBackward", torch.exp, lambda x: x.exp() + 0.5)
+
+
+def _handed(name: str, fn: Callable) -> Callable:
+    """Register `fn`, a function the checks hand to student code: it crosses processes by name."""
+    return probe.reference(f"{__name__}:{name}", fn)
+
+
+# numerical_jacobian's functions
+_EXP_WITH_WRONG_BACKWARD = _handed("exp_with_wrong_backward", _WRONG_BACKWARD.apply)
+_EXP_1_5X = _handed("exp_1_5x", lambda x: (1.5 * x).exp())
+_MATMUL = _handed("matmul", lambda x, w: x @ w)
+_SIN_CUMSUM = _handed("sin_cumsum", lambda x: x.sin().cumsum(0))
+_PRODUCT_AND_DISTANCE = _handed("product_and_distance", lambda x, y: (x * y, (x - y).pow(2).sum()))
+# mini_gradcheck's functions; one OneWrongEntry per wrong entry (row, col), drawn at random
+_TANH = _handed("tanh", lambda x: torch.tanh(x))
+_SIN_AND_PRODUCT = _handed("sin_and_product", lambda x, y: (x.sin(), x * y))
+_ONE_WRONG_ENTRY = {
+    (row, col): _handed(f"one_wrong_entry_{row}_{col}",
+                        lambda x, w, row=row, col=col: _OneWrongEntry.apply(x, w, row, col))
+    for row in range(6) for col in range(4)
+}
+_TANH_IGNORES_GRAD_OUTPUT = _handed(
+    "tanh_ignores_grad_output",
+    _elementwise("TanhIgnoresGradOutput", torch.tanh, _tanh_derivative, chain_rule=False).apply,
+)
+_TANH_OFF_BY = {
+    k: _handed(f"tanh_off_by_{k:g}",
+               _elementwise(f"TanhOffBy{k:g}", torch.tanh, lambda x, k=k: _tanh_derivative(x) * (1 + k)).apply)
+    for k in (5e-4, 5e-3)
+}
+_EXP_2X = _handed("exp_2x", lambda x: (2 * x).exp())
 
 
 @dataclass(frozen=True)
@@ -125,7 +157,7 @@ class Case:
     """A function of float64 tensors the checks differentiate, described for messages."""
 
     name: str
-    f: Callable
+    f: Callable  # registered (_handed): it is handed to student code
     inputs: tuple[torch.Tensor, ...]
     options: dict = field(default_factory=dict)  # eps, atol, rtol for mini_gradcheck
     cause: str | None = None  # the likely mistake when a verdict differs from torch's
@@ -148,29 +180,129 @@ def _jacobian_cases(generator: torch.Generator) -> list[Case]:
     (square, not symmetric) Jacobian, and two outputs."""
     g = generator
     return [
-        Case("ExpWithWrongBackward (a Function whose backward is wrong)", _WRONG_BACKWARD.apply, (_uniform(g, 3),)),
-        Case("exp(1.5 * x)", lambda x: (1.5 * x).exp(), (_uniform(g, 2, 3),)),
-        Case("x @ w", lambda x, w: x @ w, (_uniform(g, 2, 3), _uniform(g, 3, 2))),
-        Case("sin(x).cumsum(0)", lambda x: x.sin().cumsum(0), (_uniform(g, 4),)),
-        Case("(x * y, (x - y).pow(2).sum())", lambda x, y: (x * y, (x - y).pow(2).sum()),
-             (_uniform(g, 3), _uniform(g, 3))),
+        Case("ExpWithWrongBackward (a Function whose backward is wrong)", _EXP_WITH_WRONG_BACKWARD, (_uniform(g, 3),)),
+        Case("exp(1.5 * x)", _EXP_1_5X, (_uniform(g, 2, 3),)),
+        Case("x @ w", _MATMUL, (_uniform(g, 2, 3), _uniform(g, 3, 2))),
+        Case("sin(x).cumsum(0)", _SIN_CUMSUM, (_uniform(g, 4),)),
+        Case("(x * y, (x - y).pow(2).sum())", _PRODUCT_AND_DISTANCE, (_uniform(g, 3), _uniform(g, 3))),
     ]
 
 
 # --- Running the student's code --------------------------------------------------------
+#
+# Every exercise of this notebook is a function student(f, inputs, ...). It runs where the
+# student's code is (the procedure `_attempted`); only plain data comes back to be judged.
 
-def _call(label: str, student: Callable, *args: Any, **kwargs: Any) -> Any:
+_REPORT_FIELDS = ("output", "input", "row", "col", "numerical", "analytical")
+
+
+def _is_mismatch_report(exc: BaseException) -> bool:
+    return all(hasattr(exc, name) for name in _REPORT_FIELDS)
+
+
+@dataclass
+class Raised:
+    """What a student's function raised, as plain data."""
+
+    type: str
+    message: str
+    type_error: bool  # isinstance(exception, TypeError)
+    not_implemented: bool  # isinstance(exception, NotImplementedError)
+    report: dict | None  # the fields of a JacobianMismatch (_REPORT_FIELDS), when it has them all
+
+    @staticmethod
+    def from_data(data: Any) -> "Raised | None":
+        if data is None:
+            return None
+        try:
+            raised = Raised(**data)
+        except TypeError:
+            raise probe.Malformed("malformed exception report") from None
+        if not (isinstance(raised.type, str) and isinstance(raised.message, str)
+                and isinstance(raised.type_error, bool) and isinstance(raised.not_implemented, bool)
+                and (raised.report is None
+                     or isinstance(raised.report, dict) and set(raised.report) == set(_REPORT_FIELDS))):
+            raise probe.Malformed("malformed exception report")
+        return raised
+
+
+@dataclass
+class Outcome:
+    value: Any  # what the student's function returned (None if it raised)
+    raised: Raised | None
+    inputs: Any  # the inputs it was given, afterwards: did it change the caller's tensors?
+
+
+def _attempt(
+    student: Any, f: Callable, inputs: Any, *rest: Any,
+    options: dict | None = None, reference_numerical_jacobian: bool = False,
+) -> Outcome:
+    """`student(f, inputs, *rest, **options)`, quietly; with `reference_numerical_jacobian`,
+    the reference numerical_jacobian replaces the student's while it runs."""
+    with quiet():
+        data = probe.invoke(_attempted, student, f, inputs, rest, dict(options or {}), reference_numerical_jacobian)
+    if not isinstance(data, dict) or set(data) != {"value", "raised", "inputs"}:
+        raise probe.Malformed("malformed outcome")
+    if not _same_form(data["inputs"], inputs):
+        raise probe.Malformed("malformed inputs")
+    return Outcome(data["value"], Raised.from_data(data["raised"]), data["inputs"])
+
+
+def _same_form(after: Any, before: Any) -> bool:
+    """A tensor for a tensor, a sequence of as many tensors for a sequence of tensors."""
+    if isinstance(before, torch.Tensor):
+        return isinstance(after, torch.Tensor)
+    return (isinstance(after, (list, tuple)) and len(after) == len(before)
+            and all(isinstance(a, torch.Tensor) for a in after))
+
+
+@probe.procedure
+def _attempted(student: Callable, f: Callable, inputs: Any, rest: tuple, options: dict,
+               reference_numerical_jacobian: bool) -> dict:
+    """Run `student(f, inputs, *rest, **options)` (see `_attempt`): its value or what it
+    raised, and `inputs` afterwards. Best effort: the exception's type, message and
+    JacobianMismatch fields are as the student's code made them."""
+    value, raised = None, None
+    substituted = (_reference_numerical_jacobian(student) if reference_numerical_jacobian
+                   else contextlib.nullcontext())
+    with substituted:
+        try:
+            value = student(f, inputs, *rest, **options)
+        except Exception as exc:  # the student's code may raise anything
+            raised = _described(exc)
+    return {"value": value, "raised": raised, "inputs": inputs}
+
+
+def _described(exc: Exception) -> dict:
+    report = {name: _plain(getattr(exc, name)) for name in _REPORT_FIELDS} if _is_mismatch_report(exc) else None
+    return {"type": type(exc).__name__, "message": str(exc), "type_error": isinstance(exc, TypeError),
+            "not_implemented": isinstance(exc, NotImplementedError), "report": report}
+
+
+def _plain(value: Any) -> Any:
+    """A field of a JacobianMismatch as plain data: numbers and tensors as they are, else its repr."""
+    if value is None or isinstance(value, (bool, int, float, str, torch.Tensor)):
+        return value
+    return repr(value)
+
+
+def _call(label: str, student: Callable, f: Callable, inputs: Any, *rest: Any) -> Any:
     """Call student code quietly; turn an unexpected exception into a readable failure."""
     __tracebackhide__ = True
-    try:
-        with quiet():
-            return student(*args, **kwargs)
-    except Exception as exc:  # the student's code may raise anything
-        what, cause = explain.error("it", type(exc).__name__, str(exc), [])
-        if "does not require grad" in str(exc) or "appears to not have been used" in str(exc):
-            cause = ("an output that does not depend on an input gives no gradient: pass "
-                     "`allow_unused=True` to torch.autograd.grad and treat None as zeros.")
-        fail(f"{label}: {what}.", cause=cause)
+    outcome = _attempt(student, f, inputs, *rest)
+    _fail_if_raised(label, outcome.raised)
+    return outcome.value
+
+
+def _fail_if_raised(label: str, raised: Raised | None) -> None:
+    __tracebackhide__ = True
+    if raised is None:
+        return
+    what, cause = explain.error("it", raised.type, raised.message, [])
+    if "does not require grad" in raised.message or "appears to not have been used" in raised.message:
+        cause = ("an output that does not depend on an input gives no gradient: pass "
+                 "`allow_unused=True` to torch.autograd.grad and treat None as zeros.")
+    fail(f"{label}: {what}.", cause=cause)
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float) -> bool:
@@ -303,11 +435,12 @@ def check_numerical_jacobian(
             for e in eps:
                 label = f"numerical_jacobian(f, inputs, eps={e:g}) for f = {case.name}"
                 before = [x.detach().clone() for x in case.inputs]
-                actual = _call(label, student, case.f, case.inputs, e)
-                _check_unchanged(label, case, before)
+                outcome = _attempt(student, case.f, case.inputs, e)
+                _fail_if_raised(label, outcome.raised)
+                _check_unchanged(label, outcome.inputs, before)
                 _compare_jacobians(
-                    label, actual, numerical_jacobian(case.f, case.inputs, e), case, _numerical_mistakes(case, e),
-                    rtol=_NUMERICAL_RTOL, atol=_NUMERICAL_ATOL,
+                    label, outcome.value, numerical_jacobian(case.f, case.inputs, e), case,
+                    _numerical_mistakes(case, e), rtol=_NUMERICAL_RTOL, atol=_NUMERICAL_ATOL,
                 )
     passed(
         f"numerical_jacobian agrees with torch's central differences on {len(cases)} functions "
@@ -317,9 +450,9 @@ def check_numerical_jacobian(
     _devices_note()
 
 
-def _check_unchanged(label: str, case: Case, before: list[torch.Tensor]) -> None:
+def _check_unchanged(label: str, after: Sequence[torch.Tensor], before: list[torch.Tensor]) -> None:
     __tracebackhide__ = True
-    for j, (x, b) in enumerate(zip(case.inputs, before)):
+    for j, (x, b) in enumerate(zip(after, before)):
         if not torch.equal(x.detach(), b):
             change = (x.detach() - b).abs().max().item()
             fail(f"{label} changed input {j} of the caller (by up to {change:.2g}).", f"before {show(b)}",
@@ -354,23 +487,23 @@ def _mini_gradcheck_cases(generator: torch.Generator) -> list[Case]:
     tolerance = ("an entry passes when |analytical - numerical| <= atol + rtol * |numerical| "
                  "(torch.allclose(analytical, numerical, rtol=rtol, atol=atol)).")
     return [
-        Case("tanh(x)", torch.tanh, (_uniform(g, 2, 3),)),
-        Case("x @ w", lambda x, w: x @ w, (x, w)),
-        Case("(sin(x), x * y) (output 0 does not depend on y)", lambda x, y: (x.sin(), x * y),
+        Case("tanh(x)", _TANH, (_uniform(g, 2, 3),)),
+        Case("x @ w", _MATMUL, (x, w)),
+        Case("(sin(x), x * y) (output 0 does not depend on y)", _SIN_AND_PRODUCT,
              (_uniform(g, 3), _uniform(g, 3)),
              cause="where an output does not depend on an input, its Jacobian block is zero."),
         Case(f"OneWrongEntry: (2 x, x @ w) whose backward is wrong at J[1][1][{row}, {col}]",
-             lambda x, w: _OneWrongEntry.apply(x, w, row, col), (x.clone(), w.clone()),
+             _ONE_WRONG_ENTRY[row, col], (x.clone(), w.clone()),
              cause="compare every entry of every (output, input) pair."),
-        Case("tanh(x) whose backward ignores grad_output", _TANH_IGNORES_GRAD_OUTPUT.apply, (_uniform(g, 3),),
+        Case("tanh(x) whose backward ignores grad_output", _TANH_IGNORES_GRAD_OUTPUT, (_uniform(g, 3),),
              cause="compare every entry of every (output, input) pair, off-diagonal ones too."),
-        Case("tanh(x) whose backward is 0.05% too large (inside rtol)", _TANH_OFF_BY[5e-4].apply,
+        Case("tanh(x) whose backward is 0.05% too large (inside rtol)", _TANH_OFF_BY[5e-4],
              (_uniform(g, 4),), cause=tolerance),
-        Case("tanh(x) whose backward is 0.5% too large (outside rtol)", _TANH_OFF_BY[5e-3].apply,
+        Case("tanh(x) whose backward is 0.5% too large (outside rtol)", _TANH_OFF_BY[5e-3],
              (_uniform(g, 4),), cause=tolerance),
-        Case("tanh(x) whose backward is 0.5% too large, checked with rtol=0.01", _TANH_OFF_BY[5e-3].apply,
+        Case("tanh(x) whose backward is 0.5% too large, checked with rtol=0.01", _TANH_OFF_BY[5e-3],
              (_uniform(g, 4),), {"rtol": 1e-2}, cause="use the atol and rtol you are given."),
-        Case("exp(2 x) at eps=0.1 (truncation error fails it)", lambda x: (2 * x).exp(), (_uniform(g, 3),),
+        Case("exp(2 x) at eps=0.1 (truncation error fails it)", _EXP_2X, (_uniform(g, 3),),
              {"eps": 0.1}, cause="pass `eps` on to numerical_jacobian."),
     ]
 
@@ -414,10 +547,9 @@ def check_mini_gradcheck(mini_gradcheck: Callable, analytical: Callable, *, seed
             actual = _call(label, analytical, case.f, case.inputs)
             _compare_jacobians(label, actual, analytical_jacobian(case.f, case.inputs), case,
                                _analytical_mistakes(case), rtol=_ANALYTICAL_RTOL, atol=_ANALYTICAL_ATOL)
-        with _reference_numerical_jacobian(mini_gradcheck):
-            for case in (c.on(device) for c in cases):
-                _check_verdict(mini_gradcheck, case)
-            _check_refuses_float32(mini_gradcheck, cases[0])
+        for case in (c.on(device) for c in cases):
+            _check_verdict(mini_gradcheck, case)
+        _check_refuses_float32(mini_gradcheck, cases[0])
     passed(f"analytical_jacobian agrees with backward on {len(cases)} functions (float64, {', '.join(devices.available())}).")
     passed(
         f"mini_gradcheck agrees with torch.autograd.gradcheck on {len(cases)} functions, names the "
@@ -435,22 +567,21 @@ def _check_verdict(mini_gradcheck: Callable, case: Case) -> None:
     __tracebackhide__ = True
     label = f"mini_gradcheck(f, inputs{_options_text(case.options)}) for f = {case.name}"
     expected = _torch_verdict(case)
-    try:
-        with quiet():
-            result = mini_gradcheck(case.f, case.inputs, **case.options)
-    except Exception as exc:  # the student's code may raise anything
-        if not _is_mismatch_report(exc):
-            if isinstance(exc, NotImplementedError):
+    outcome = _attempt(mini_gradcheck, case.f, case.inputs, options=case.options, reference_numerical_jacobian=True)
+    result, raised = outcome.value, outcome.raised
+    if raised is not None:
+        if raised.report is None:
+            if raised.not_implemented:
                 fail(f"{label}: {explain.NOT_IMPLEMENTED}.")
             fail(
-                f"{label} raised {type(exc).__name__}: {str(exc).strip()[:300]}", *case.describe(),
+                f"{label} raised {raised.type}: {raised.message.strip()[:300]}", *case.describe(),
                 f"torch's gradcheck: {expected or 'passes'}",
                 cause="on a mismatch, raise JacobianMismatch(output, input, row, col, numerical, analytical) "
                 "so that the message names the entry; otherwise return True.",
             )
         if expected is None:
-            _fail_false_alarm(label, case, exc)
-        _check_report(label, case, exc, expected)
+            _fail_false_alarm(label, case, raised)
+        _check_report(label, case, raised, expected)
         return
     if expected is not None:
         fail(f"{label} returned {result!r}, but torch's gradcheck fails:", expected, *case.describe(),
@@ -458,13 +589,6 @@ def _check_verdict(mini_gradcheck: Callable, case: Case) -> None:
     if result is not True:
         fail(f"{label} returned {result!r}; it must return True when every entry agrees (as gradcheck does).",
              *case.describe())
-
-
-_REPORT_FIELDS = ("output", "input", "row", "col", "numerical", "analytical")
-
-
-def _is_mismatch_report(exc: BaseException) -> bool:
-    return all(hasattr(exc, name) for name in _REPORT_FIELDS)
 
 
 def _reference_jacobians(case: Case) -> tuple[Jacobians, Jacobians]:
@@ -478,30 +602,32 @@ def _offending(case: Case, n: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     return (a - n).abs() > atol + rtol * n.abs()
 
 
-def _fail_false_alarm(label: str, case: Case, exc: BaseException) -> None:
+def _fail_false_alarm(label: str, case: Case, raised: Raised) -> None:
     __tracebackhide__ = True
-    details, cause = [str(exc).strip(), *case.describe()], case.cause
-    if _is_mismatch_report(exc):
+    details, cause, report = [raised.message.strip(), *case.describe()], case.cause, raised.report
+    if report is not None:
         with contextlib.suppress(Exception):  # the report may name an entry that does not exist
             numerical, analytical = _reference_jacobians(case)
-            n = numerical[exc.output][exc.input][exc.row, exc.col].item()
-            a = analytical[exc.output][exc.input][exc.row, exc.col].item()
+            i, j, row, col = (report[name] for name in _REPORT_FIELDS[:4])
+            n = numerical[i][j][row, col].item()
+            a = analytical[i][j][row, col].item()
             allowed = case.options.get("atol", 1e-5) + case.options.get("rtol", 1e-3) * abs(n)
             details.append(f"torch's values there: numerical {n:.6g}, analytical {a:.6g}; "
                            f"|analytical - numerical| = {abs(a - n):.2g} <= atol + rtol * |numerical| = {allowed:.2g}")
-            if abs(float(exc.numerical) - n) > 1e-6 * (1 + abs(n)):
+            if abs(float(report["numerical"]) - n) > 1e-6 * (1 + abs(n)):
                 cause = ("your numerical value differs from torch's central difference: compute it in float64, "
                          "with the eps you are given.")
     fail(f"{label} reports a mismatch, but torch's gradcheck passes:", *details,
          cause=cause or "an entry passes when |analytical - numerical| <= atol + rtol * |numerical|.")
 
 
-def _check_report(label: str, case: Case, exc: BaseException, expected: str) -> None:
+def _check_report(label: str, case: Case, raised: Raised, expected: str) -> None:
     """The reported entry must exist, be outside the tolerance, and carry the right values."""
     __tracebackhide__ = True
     numerical, analytical = _reference_jacobians(case)
-    i, j, row, col = (getattr(exc, name) for name in _REPORT_FIELDS[:4])
-    context = [f"your report: {str(exc).strip()}", f"torch's gradcheck: {expected}", *case.describe()]
+    report = raised.report
+    i, j, row, col = (report[name] for name in _REPORT_FIELDS[:4])
+    context = [f"your report: {raised.message.strip()}", f"torch's gradcheck: {expected}", *case.describe()]
     valid = (isinstance(i, int) and isinstance(j, int) and 0 <= i < len(numerical) and 0 <= j < len(numerical[0]))
     if not valid:
         fail(f"{label}: the report names output {i!r} and input {j!r}, which do not exist.", *context,
@@ -514,7 +640,7 @@ def _check_report(label: str, case: Case, exc: BaseException, expected: str) -> 
         fail(f"{label}: entry ({row}, {col}) of output {i} with respect to input {j} is not an offending entry.",
              *context, cause=_wrong_entry_cause(case, i, j, row, col, numerical, analytical))
     for name, reference in (("numerical", n), ("analytical", a)):
-        value = getattr(exc, name)
+        value = report[name]
         want = reference[row, col].item()
         if not (isinstance(value, (int, float, torch.Tensor)) and abs(float(value) - want) <= 1e-6 * (1 + abs(want))):
             fail(f"{label}: the report gives {name} = {value!r} at entry ({row}, {col}); it is {want:.6g}.",
@@ -542,18 +668,17 @@ def _check_refuses_float32(mini_gradcheck: Callable, case: Case) -> None:
     __tracebackhide__ = True
     inputs32 = tuple(x.detach().float().requires_grad_() for x in case.inputs)
     label = f"mini_gradcheck(f, inputs) with float32 inputs, f = {case.name}"
-    try:
-        with quiet():
-            result = mini_gradcheck(case.f, inputs32)
-    except TypeError:
+    outcome = _attempt(mini_gradcheck, case.f, inputs32, reference_numerical_jacobian=True)
+    raised = outcome.raised
+    if raised is not None and raised.type_error:
         return
-    except Exception as exc:  # the student's code may raise anything
-        fail(f"{label} raised {type(exc).__name__}, expected TypeError.",
+    if raised is not None:
+        fail(f"{label} raised {raised.type}, expected TypeError.",
              cause="tanh is correct: in float32 the finite differences themselves are wrong. Check the dtype "
              "of every input first, and `raise TypeError(...)` unless it is torch.float64."
-             if _is_mismatch_report(exc) else
+             if raised.report is not None else
              "check the dtype of every input first: `raise TypeError(...)` unless it is torch.float64.")
-    fail(f"{label} returned {result!r}; it must raise TypeError.",
+    fail(f"{label} returned {outcome.value!r}; it must raise TypeError.",
          cause="a float32 check fails correct code (rounding error ~1e-7 / eps) or passes only with "
          "tolerances loose enough to hide bugs: refuse anything but float64.")
 
@@ -635,30 +760,34 @@ def _grads(f: Callable, x: torch.Tensor) -> tuple[torch.Tensor]:
 @dataclass(frozen=True)
 class Approximation:
     name: str
-    function: type[torch.autograd.Function]
+    f: Callable  # an elementwise Function's apply (registered: handed to student code)
     x: torch.Tensor
     eps: float
 
 
+# Elementwise Functions whose backward is the derivative plus a known error.
+_APPROX_EXP = _handed("approx_exp", _elementwise(
+    "ApproxExp", torch.exp, lambda x: x.exp() - 1e-4 / (1 + x * x)).apply)
+_APPROX_SIN2 = _handed("approx_sin2", _elementwise(
+    "ApproxSin2", lambda x: (2 * x).sin(), lambda x: 2 * (2 * x).cos() + 3e-4 * x * (5 * x).sin()).apply)
+_APPROX_SOFTPLUS = _handed("approx_softplus", _elementwise(
+    "ApproxSoftplus", torch.nn.functional.softplus, lambda x: torch.sigmoid(x) + 2e-5 * x * x).apply)
+
+
 def _approximations(generator: torch.Generator) -> list[Approximation]:
-    """Elementwise Functions whose backward is the derivative plus a known error."""
     g = generator
     return [
-        Approximation("exp(x), backward off by -1e-4 / (1 + x^2)",
-                      _elementwise("ApproxExp", torch.exp, lambda x: x.exp() - 1e-4 / (1 + x * x)),
+        Approximation("exp(x), backward off by -1e-4 / (1 + x^2)", _APPROX_EXP,
                       _uniform(g, 400, low=-3.0, high=2.0), 1e-6),
-        Approximation("sin(2x), backward off by 3e-4 * x * sin(5x), x of shape (20, 25)",
-                      _elementwise("ApproxSin2", lambda x: (2 * x).sin(),
-                                   lambda x: 2 * (2 * x).cos() + 3e-4 * x * (5 * x).sin()),
+        Approximation("sin(2x), backward off by 3e-4 * x * sin(5x), x of shape (20, 25)", _APPROX_SIN2,
                       _uniform(g, 20, 25, low=-2.0, high=2.0), 1e-6),
-        Approximation("softplus(x), backward off by 2e-5 * x^2, at eps=1e-4",
-                      _elementwise("ApproxSoftplus", torch.nn.functional.softplus, lambda x: torch.sigmoid(x) + 2e-5 * x * x),
+        Approximation("softplus(x), backward off by 2e-5 * x^2, at eps=1e-4", _APPROX_SOFTPLUS,
                       _uniform(g, 300, low=-4.0, high=4.0), 1e-4),
     ]
 
 
 def _error_mistakes(case: Approximation) -> dict[str, Callable[[], float]]:
-    f, x, eps = case.function.apply, case.x.detach(), case.eps
+    f, x, eps = case.f, case.x.detach(), case.eps
     (analytical,) = _grads(f, x)
 
     def worst(numerical: torch.Tensor, combine: Callable = lambda a, n: (a - n).abs()) -> float:
@@ -689,11 +818,11 @@ def check_max_gradient_error(student: Callable, *, seed: int | None = 0) -> None
         for case in cases:
             x = case.x.to(device)
             label = f"max_gradient_error(f, x, eps={case.eps:g}) for f = {case.name}"
-            result = _call(label, student, case.function.apply, x, case.eps)
+            result = _call(label, student, case.f, x, case.eps)
             if not (isinstance(result, tuple) and len(result) == 2):
                 fail(f"{label} must return a tuple (error, where), got {show(result)}.")
             error, where = (float(v) for v in result)
-            want, _ = max_gradient_error(case.function.apply, x, case.eps)
+            want, _ = max_gradient_error(case.f, x, case.eps)
             if abs(error - want) > 1e-8 + 1e-6 * want:
                 fail(f"{label}: the error is {error:.6g}, expected {want:.6g}.",
                      cause=_known_mistake(error, _error_mistakes(case), rtol=1e-6, atol=1e-8))
@@ -705,7 +834,7 @@ def check_max_gradient_error(student: Callable, *, seed: int | None = 0) -> None
 
 def _check_where(label: str, case: Approximation, where: float, worst: float) -> None:
     __tracebackhide__ = True
-    f, x, eps = case.function.apply, case.x.detach().cpu(), case.eps
+    f, x, eps = case.f, case.x.detach().cpu(), case.eps
     at = x.reshape(-1) == where
     if not bool(at.any()):
         index_like = float(where).is_integer() and 0 <= where < x.numel()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -53,19 +53,20 @@ ENGINE_SUMS = (
 
 
 def check_returned_shapes(student: type[torch.autograd.Function], name: str, cases: Sequence[tuple]) -> None:
-    """Every gradient backward returns has the shape of its input, before the engine sees it."""
+    """Every gradient backward returns has the shape of its input, before the engine sees it
+    (the shapes are reported by the student's process: best effort)."""
     __tracebackhide__ = True
     names = probe.argument_names(student)
     with quiet():
         for case in cases:
             args = devices.prepare(case, "cpu")
-            with introspect.backward_calls(student) as record:
-                out = student.apply(*args)
-                torch.autograd.grad(out, [a for a in args if probe.differentiable(a)], torch.ones_like(out))
-            returned = record.returned[0] if isinstance(record.returned[0], tuple) else (record.returned[0],)
-            for arg_name, arg, grad in zip(names, args, returned):
-                if probe.differentiable(arg) and isinstance(grad, torch.Tensor) and grad.shape != arg.shape:
-                    got, want = tuple(grad.shape), tuple(arg.shape)
+            facts = introspect.record_backward(student, args)
+            if facts.error is not None:
+                what, cause = explain.error(facts.error.stage, facts.error.type, facts.error.message, names)
+                fail(f"{name}: {what}.", *_shown(names, args), cause=cause)
+            for arg_name, arg, grad in zip(names, args, facts.returned):
+                if probe.differentiable(arg) and isinstance(grad, list) and tuple(grad) != tuple(arg.shape):
+                    got, want = tuple(grad), tuple(arg.shape)
                     fail(
                         f"{name}: backward returned a gradient of shape {got} for `{arg_name}`, "
                         f"which has shape {want}.",
@@ -202,14 +203,14 @@ def _check_unbroadcast_once(student, grad: torch.Tensor, shape: Shape) -> None:
     given = [f"grad = {show(grad)}"]
     before = grad.clone()
     try:
-        got = student(grad, shape)
-    except Exception as exc:  # the student's code may raise anything
-        what, cause = explain.error("unbroadcast", type(exc).__name__, str(exc), ["grad", "shape"])
+        got, modified = _call_unbroadcast(student, grad, shape)
+    except probe.StudentError as exc:
+        what, cause = explain.error("unbroadcast", exc.type, exc.message, ["grad", "shape"])
         fail(f"{call}: {what}.", *given, cause=cause)
     want = unbroadcast_reference(before, shape)
     if not isinstance(got, torch.Tensor):
-        fail(f"{call} returned {type(got).__name__}, not a tensor.", *given)
-    if not torch.equal(grad, before):
+        fail(f"{call} returned {got}, not a tensor.", *given)
+    if modified:
         fail(f"{call} modified `grad` in place.", *given,
              cause="grad belongs to the caller (often autograd itself): compute a new tensor instead.")
     if got.dtype != want.dtype or got.device != want.device:
@@ -228,14 +229,43 @@ def _unbroadcast_on_meta(student, pairs: Sequence[tuple[Shape, Shape]]) -> str:
     __tracebackhide__ = True
     for grad_shape, shape in pairs:
         try:
-            student(torch.empty(tuple(grad_shape), dtype=torch.float64, device="meta"), tuple(shape))
-        except Exception as exc:  # the student's code may raise anything
-            message = str(exc)
-            if "device" in message:
-                what, cause = explain.error("unbroadcast", type(exc).__name__, message, ["grad", "shape"])
+            _call_unbroadcast(student, torch.empty(tuple(grad_shape), dtype=torch.float64, device="meta"), tuple(shape))
+        except probe.StudentError as exc:
+            if "device" in exc.message:
+                what, cause = explain.error("unbroadcast", exc.type, exc.message, ["grad", "shape"])
                 fail(f"on another device (meta) {what}.", cause=cause)
-            return f"meta device: not checked ({type(exc).__name__} from an operation meta tensors do not support)."
+            return f"meta device: not checked ({exc.type} from an operation meta tensors do not support)."
     return "meta device: no tensor is tied to the CPU."
+
+
+def _call_unbroadcast(student: Any, grad: torch.Tensor, shape: Shape) -> tuple[torch.Tensor | str, bool]:
+    """(what `student(grad, shape)` returned: a tensor, or the name of its type; whether it
+    changed grad). Raises probe.StudentError if it raised."""
+    data = probe.invoke(_run_unbroadcast, student, grad, tuple(shape), isinstance(shape, torch.Size))
+    try:
+        error = probe.ProbeError.from_data(data["error"])
+        returned, modified = data["returned"], data["modified"]
+    except (KeyError, TypeError):
+        raise probe.Malformed("malformed unbroadcast result") from None
+    if error is not None:
+        raise probe.StudentError(error.type, error.message)
+    if not isinstance(returned, (torch.Tensor, str)) or not isinstance(modified, bool):
+        raise probe.Malformed("malformed unbroadcast result")
+    return returned, modified
+
+
+@probe.procedure
+def _run_unbroadcast(student: Any, grad: torch.Tensor, shape: tuple, as_size: bool) -> dict:
+    """Call the student's unbroadcast (with `shape` as a torch.Size if `as_size`, as in a
+    backward). Whether it changed grad is reported by the student's process: best effort."""
+    before = None if grad.device.type == "meta" else grad.clone()
+    try:
+        got = student(grad, torch.Size(shape) if as_size else shape)
+    except Exception as exc:  # the student's code may raise anything
+        error = probe.ProbeError("call", type(exc).__name__, str(exc))
+        return {"returned": None, "modified": False, "error": asdict(error)}
+    returned = got if isinstance(got, torch.Tensor) else type(got).__name__
+    return {"returned": returned, "modified": before is not None and not torch.equal(grad, before), "error": None}
 
 
 # --- 4.4 Affine, a broadcasting Function --------------------------------------------------
@@ -275,16 +305,42 @@ def course_unbroadcast(student: type[torch.autograd.Function]) -> Iterator[bool]
     Exercise 4.3 grades the student's unbroadcast; substituting it here keeps a mistake
     there from costing the points of this exercise too. Yields whether it substituted.
     """
-    namespace = inspect.unwrap(student.backward).__globals__
-    own = namespace.get("unbroadcast")
-    if own is None:
-        yield False
-        return
-    namespace["unbroadcast"] = unbroadcast_reference
+    substituted = probe.invoke(_use_course_unbroadcast, student)
+    if not isinstance(substituted, bool):
+        raise probe.Malformed("malformed answer to the unbroadcast substitution")
     try:
-        yield True
+        yield substituted
     finally:
-        namespace["unbroadcast"] = own
+        if substituted:
+            probe.invoke(_restore_unbroadcast, student)
+
+
+# The notebooks' own unbroadcast while the course's is in their place, by namespace (in the
+# student's process).
+_OWN_UNBROADCAST: dict[int, Any] = {}
+
+
+def _backward_globals(student: Any) -> dict:
+    """The namespace the student's backward looks names up in (its notebook's)."""
+    return getattr(inspect.unwrap(getattr(student, "backward", None)), "__globals__", {})
+
+
+@probe.procedure
+def _use_course_unbroadcast(student: Any) -> bool:
+    """Put the reference unbroadcast in place of the one the student's backward uses;
+    whether there was one (as the student's process reports it: best effort)."""
+    namespace = _backward_globals(student)
+    if namespace.get("unbroadcast") is None:
+        return False
+    _OWN_UNBROADCAST[id(namespace)] = namespace["unbroadcast"]
+    namespace["unbroadcast"] = unbroadcast_reference
+    return True
+
+
+@probe.procedure
+def _restore_unbroadcast(student: Any) -> None:
+    namespace = _backward_globals(student)
+    namespace["unbroadcast"] = _OWN_UNBROADCAST.pop(id(namespace))
 
 
 def check_affine(student: type[torch.autograd.Function], *, shapes: Sequence[AffineShapes] = AFFINE_SHAPES,
