@@ -1,6 +1,9 @@
 """The `autograder` command."""
 from __future__ import annotations
 
+from pathlib import Path
+from typing import List, Optional
+
 import typer
 
 from . import authoring
@@ -15,6 +18,56 @@ def release() -> None:
         typer.echo(f"normalised solutions/{slug}")
     authoring.release()
     typer.echo("course/ regenerated from solutions/")
+
+
+@app.command()
+def grade(
+    assignments: List[str] = typer.Argument(None, help="Assignments to grade, e.g. 03_function_basics (default: all)."),
+    student: List[str] = typer.Option([], "--student", "-s", help="Grade only this student (repeatable)."),
+    force: bool = typer.Option(False, "--force", help="Grade again submissions that were graded before."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Notebooks run at once (default: one per CPU core)."),
+    timeout: float = typer.Option(120, help="Seconds a notebook may run in total; then it is stopped and flagged."),
+    memory: int = typer.Option(2048, help="MiB of memory a notebook may use."),
+    no_sandbox: bool = typer.Option(
+        False, "--no-sandbox", help="Run without bubblewrap even if it is installed (isolation is reduced: not for untrusted code)."
+    ),
+    feedback: bool = typer.Option(
+        False, "--feedback", help="Also write feedback/ (HTML for students, hidden tests removed), as `nbgrader generate_feedback` does."
+    ),
+    db: Optional[str] = typer.Option(None, help="Gradebook URL (default: nbgrader's, sqlite:///gradebook.db in the course)."),
+    course: Path = typer.Option(Path("."), help="The course root: the folder with nbgrader_config.py and submitted/."),
+) -> None:
+    """Grade the submissions in submitted/STUDENT/ASSIGNMENT/, like `nbgrader autograde`, but fast and safely.
+
+    Every notebook runs in its own process, several at once, inside a sandbox: no
+    network, no access to solutions/, the gradebook or other students' work, and hard
+    limits on time, memory, processes and output. Scores are those nbgrader gives.
+
+    Results go where nbgrader keeps them: the gradebook (formgrader and `nbgrader export`
+    read it) and autograded/. It also writes grades.csv and, per assignment,
+    reports/ASSIGNMENT/grades.png (points per exercise) and reports/ASSIGNMENT/last-run.csv.
+    Feedback for students comes after any manual grading, from `nbgrader generate_feedback`
+    (or right away with --feedback); either way it shows no hidden tests.
+
+    A notebook that crashes, runs out of time or memory, or whose test cells were
+    deleted, retyped or renamed is graded as far as it ran (unfinished test cells score
+    0) and flagged for manual review with the reason. Interrupt at any time: running the
+    command again grades only what is left (use --force to grade everything again).
+    """
+    from .engine.grade import GradingError, Options, grade as run
+    from .engine.limits import Limits
+
+    options = Options(
+        root=course.resolve(), assignments=list(assignments or []), students=list(student), force=force,
+        limits=Limits(timeout=timeout, memory=memory), sandbox=not no_sandbox, db_url=db, feedback=feedback,
+    )
+    if jobs is not None:
+        options.jobs = max(1, jobs)
+    try:
+        run(options)
+    except GradingError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2)
 
 
 @app.callback()

@@ -1,7 +1,8 @@
 """Trusted verdicts: a notebook's graded test cells, run again where student code never runs.
 
 The grader executes each graded cell's source (the instructor's, restored from the
-gradebook) in its own process. Names the cell does not define itself — the student's
+gradebook) in its own process, with fresh random inputs even where the visible checks use
+fixed ones. Names the cell does not define itself — the student's
 `ClippedReLU`, `grad`, `when_to_write` — resolve to the student's process: plain data is
 copied over, anything else becomes a `Remote` proxy, so the checks choose fresh inputs,
 ask for numbers only, and decide here. Scoring follows nbgrader: an exception scores 0, a
@@ -18,7 +19,7 @@ from typing import Any
 
 from nbgrader.utils import get_partial_grade
 
-from .checks import probe, wire
+from .checks import inputs, probe, wire
 from .checks.remote import Remote, Transport
 
 
@@ -83,11 +84,12 @@ def verdicts(cells: list, transport: Transport) -> list[Verdict]:
     the submission."""
     names = StudentNames(transport)
     found = []
-    for cell in filter(is_test_cell, cells):
-        meta = cell["metadata"]["nbgrader"]
-        result = verdict(meta["grade_id"], cell["source"], meta.get("points", 0), names)
-        if meta.get("grade"):
-            found.append(result)
+    with inputs.fresh_inputs():  # inputs nobody has seen: hard-coded answers gain nothing
+        for cell in filter(is_test_cell, cells):
+            meta = cell["metadata"]["nbgrader"]
+            result = verdict(meta["grade_id"], cell["source"], meta.get("points", 0), names)
+            if meta.get("grade"):
+                found.append(result)
     return found
 
 

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 from torch.autograd.gradcheck import GradcheckError
 
-from . import devices, explain, probe
+from . import devices, explain, inputs, probe
 from .report import fail, note, passed, quiet, shape, show
 
 Hint = Callable[[tuple, int, torch.Tensor], "str | None"]
@@ -46,7 +46,7 @@ def check_function(student: Any, spec: FunctionSpec, *, seed: int | None = 0) ->
     """
     __tracebackhide__ = True
     generator = torch.Generator()
-    generator.manual_seed(torch.seed() if seed is None else seed)
+    generator.manual_seed(inputs.seed_of(seed))
     with quiet():
         names = probe.argument_names(student)
         cases = spec.cases(generator)

@@ -1,9 +1,30 @@
 """Seeded float64 inputs for checks, kept away from points where a derivative jumps."""
 from __future__ import annotations
 
-from typing import Sequence
+import contextlib
+from typing import Iterator, Sequence
 
 import torch
+
+_fresh = False  # set while the grader re-runs checks: every check draws new inputs
+
+
+def seed_of(seed: int | None) -> int:
+    """The seed a check uses: `seed` (reproducible inputs, as in the visible checks), or a
+    fresh one for `None` — and always a fresh one in `fresh_inputs()`."""
+    return torch.seed() if seed is None or _fresh else seed
+
+
+@contextlib.contextmanager
+def fresh_inputs() -> Iterator[None]:
+    """Checks draw inputs nobody could have seen (the grader's trusted re-run), so code that
+    recognises the visible checks' inputs gains nothing."""
+    global _fresh
+    saved, _fresh = _fresh, True
+    try:
+        yield
+    finally:
+        _fresh = saved
 
 
 def uniform(

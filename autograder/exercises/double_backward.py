@@ -294,7 +294,7 @@ def check_hvp(
     """hvp(f, x, v) = H(x) v for scalar functions f (some built from custom Functions)."""
     __tracebackhide__ = True
     generator = torch.Generator()
-    generator.manual_seed(torch.seed() if seed is None else seed)
+    generator.manual_seed(inputs.seed_of(seed))
     count = 0
     with quiet():
         for shape in shapes:

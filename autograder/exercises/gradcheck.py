@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch.autograd.gradcheck import GradcheckError
 
-from ..checks import devices, explain, probe
+from ..checks import devices, explain, inputs, probe
 from ..checks.functions import FunctionSpec, check_function
 from ..checks.report import fail, note, passed, quiet, show
 
@@ -384,7 +384,7 @@ def _same_values(actual: Any, candidate: Any, *, rtol: float, atol: float) -> bo
 
 def _seeded(seed: int | None) -> torch.Generator:
     generator = torch.Generator()
-    generator.manual_seed(torch.seed() if seed is None else seed)
+    generator.manual_seed(inputs.seed_of(seed))
     return generator
 
 

@@ -19,7 +19,7 @@ Mistakes = Sequence[tuple[Callable[[], torch.Tensor], str]]
 
 def _generator(seed: int | None) -> torch.Generator:
     generator = torch.Generator()
-    generator.manual_seed(torch.seed() if seed is None else seed)
+    generator.manual_seed(inputs.seed_of(seed))
     return generator
 
 

@@ -31,7 +31,7 @@ def _saves_exactly(student: Any, rule: SaveRule, cases: Cases, seed: int | None,
 
 def _generator(seed: int | None) -> torch.Generator:
     generator = torch.Generator()
-    generator.manual_seed(torch.seed() if seed is None else seed)
+    generator.manual_seed(inputs.seed_of(seed))
     return generator
 
 

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from ..checks import probe
+from ..checks import inputs, probe
 from ..checks.report import fail, passed, quiet, shape, show
 
 RTOL, ATOL = 1e-7, 1e-10
@@ -428,7 +428,7 @@ def _same(label: str, what: str, got: torch.Tensor | None, want: torch.Tensor, c
 
 def _generator(seed: int | None) -> torch.Generator:
     generator = torch.Generator()
-    generator.manual_seed(torch.seed() if seed is None else seed)
+    generator.manual_seed(inputs.seed_of(seed))
     return generator
 
 
@@ -585,7 +585,7 @@ def differential_test(student: Callable[..., Any], keep: Sequence[str], student_
                       programs: int, length: int, seed: int | None, second_cause: str | None = None) -> None:
     """Random programs over `ops`: gradients and second-order gradients as torch's."""
     __tracebackhide__ = True
-    rng = random.Random(torch.seed() if seed is None else seed)
+    rng = random.Random(inputs.seed_of(seed))
     for _ in range(programs):
         program = random_program(ops, length, rng)
         xs = _inputs(program, rng)
@@ -644,7 +644,7 @@ def check_grad(grad: Callable[..., list], *, programs: int = 0, seed: int | None
     """`grad(L, wrt)`: every use accumulates, None stays None and is skipped, and the
     accumulation is recorded so that gradients of gradients work."""
     __tracebackhide__ = True
-    rng = random.Random(torch.seed() if seed is None else seed)
+    rng = random.Random(inputs.seed_of(seed))
     with quiet():
         runs = []
         for program, description in GRAD_CASES:
@@ -729,7 +729,7 @@ def check_topological_order(topological_order: Callable[[Any], list], *, seed: i
     """Every reachable entry once, each after all entries that consume its outputs, even
     on a 10,000-deep chain."""
     __tracebackhide__ = True
-    rng = random.Random(torch.seed() if seed is None else seed)
+    rng = random.Random(inputs.seed_of(seed))
     with quiet():
         for program, description in ORDER_CASES:
             _judge_order(topological_order, program, description)
@@ -796,7 +796,7 @@ ESCAPE_CAUSE = (
 def check_exp_mul(operator_exp_mul: Callable[..., Any], *, programs: int = 0, seed: int | None = 0) -> None:
     """`exp_mul(a, b) = exp(a) * b` as one entry: right to first and second order."""
     __tracebackhide__ = True
-    rng = random.Random(torch.seed() if seed is None else seed)
+    rng = random.Random(inputs.seed_of(seed))
     alone = Program(2, (("exp_mul", (0, 1)),), (3,))
     with quiet():
         for _ in range(2):

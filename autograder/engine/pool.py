@@ -1,0 +1,257 @@
+"""Warm workers, several in parallel, each running one notebook at a time in a fresh child.
+
+The grader drives each child cell by cell and keeps the clock: when a notebook's time
+is up its child is killed (SIGKILL, so a loop that ignores SIGINT dies too), and when a
+worker does not answer it is killed and replaced. Whatever goes wrong is reported as
+the failure of that one notebook.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from . import sandbox
+from .limits import Limits
+from .protocol import Channel, ChannelClosed, ProtocolError
+
+STARTUP = 300.0  # seconds a worker may take to warm up (imports torch on a busy machine)
+GRACE = 5.0  # seconds a worker has to report a child's end
+REPLY_SLACK = 1 << 20  # JSON framing around a notebook's outputs
+
+
+@dataclass
+class Program:
+    """One notebook to run: its code cells in order, and the files it expects beside it."""
+
+    cells: list[tuple[int, str, str]]  # (cell index in the notebook, label, source)
+    files: dict[str, bytes] = field(default_factory=dict)
+
+
+@dataclass
+class Cell:
+    outputs: list[dict[str, Any]]
+    execution_count: int
+    seconds: float
+
+
+@dataclass
+class Run:
+    """What happened to one notebook."""
+
+    cells: dict[int, Cell] = field(default_factory=dict)  # by cell index, for the cells that finished
+    failure: str | None = None  # why the notebook did not run to the end
+    stopped_at: int | None = None  # index of the cell running when it stopped
+    seconds: float = 0.0  # wall time, from fork to exit
+    cpu: float = 0.0  # CPU seconds of the child
+    maxrss: int = 0  # peak resident memory of the child, KiB
+
+    @property
+    def code_seconds(self) -> float:
+        return sum(c.seconds for c in self.cells.values())
+
+
+class SetupError(Exception):
+    """The child could not confine itself (it runs no student code then)."""
+
+
+class WorkerError(Exception):
+    """The worker itself failed (not the notebook)."""
+
+
+class Worker:
+    """One warm worker process (a zygote), inside the sandbox when there is one."""
+
+    def __init__(self, isolation: sandbox.Isolation, course_root: Path, runtime: Path, slot: int) -> None:
+        self.isolation, self.course_root, self.runtime, self.slot = isolation, course_root, runtime, slot
+        self.process: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        ours, theirs = socket.socketpair()
+        self.starts += 1
+        runtime = self.runtime / f"start-{self.starts}"
+        runtime.mkdir()
+        launch = sandbox.launch(self.isolation, self.course_root, runtime, theirs.fileno(), self.slot)
+        self.log = open(runtime.parent / f"worker-{self.starts}.log", "w+b")
+        self.process = subprocess.Popen(
+            launch.argv, env=launch.env, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+            stdout=self.log, stderr=self.log, start_new_session=True,
+        )
+        theirs.close()
+        self.control = Channel(ours)
+        self.control.send(launch.config)
+        self.ready = False
+
+    def _ensure_ready(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            self.start()
+        if not self.ready:
+            try:
+                message, _, _ = self.control.receive(timeout=STARTUP)
+            except (TimeoutError, ProtocolError) as error:
+                self.kill()
+                raise WorkerError(f"the worker did not start ({error}): {self._log_tail()}") from None
+            if message.get("op") != "ready":
+                raise WorkerError(f"unexpected message from a starting worker: {message}")
+            self.ready = True
+
+    def _log_tail(self) -> str:
+        self.log.seek(0)
+        return self.log.read()[-2000:].decode("utf-8", "replace")
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self.process = None
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            try:
+                self.control.send({"op": "stop"})
+                self.process.wait(timeout=GRACE)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
+    def run(self, program: Program, limits: Limits) -> Run:
+        self._ensure_ready()
+        run = Run()
+        ours, theirs = socket.socketpair()
+        started = time.monotonic()
+        deadline = started + limits.timeout
+        self.control.send(
+            {"op": "run", "limits": limits.to_message(), "files": list(program.files)},
+            buffers=list(program.files.values()), fds=[theirs.fileno()],
+        )
+        theirs.close()
+        channel = Channel(ours, limit=limits.output + REPLY_SLACK)
+        where, ended = "while starting", False
+        try:
+            hello, _, _ = channel.receive(timeout=max(deadline - time.monotonic(), 0.001))
+            if hello.get("op") != "ready":
+                raise SetupError(str(hello.get("message", hello)).strip().splitlines()[-1])
+            for index, label, source in program.cells:
+                where = f"while running {label}"
+                channel.send({"op": "execute", "code": source})
+                sent = time.monotonic()
+                reply, _, _ = channel.receive(timeout=max(deadline - sent, 0.001))
+                outputs = reply.get("outputs")
+                if reply.get("op") != "executed" or not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
+                    raise ProtocolError("a reply that is not a list of outputs")
+                if channel.received > limits.output + REPLY_SLACK:
+                    raise ProtocolError(f"more than {limits.output} bytes of output")
+                run.cells[index] = Cell(outputs, int(reply.get("execution_count") or 0), time.monotonic() - sent)
+            channel.send({"op": "exit"})
+        except SetupError as error:
+            run.failure, ended = f"the notebook could not be confined, so it was not run: {error}", True
+        except TimeoutError:
+            run.failure = f"stopped after {limits.timeout:g} s, the notebook's time limit, {where}"
+        except ChannelClosed:
+            run.failure, ended = f"the notebook's process ended {where}", True
+        except (ProtocolError, OSError) as error:
+            run.failure = f"the notebook's process sent something invalid {where}: {error}"
+        finally:
+            channel.close()
+        if run.failure is not None:
+            run.stopped_at = next((i for i, _, _ in program.cells if i not in run.cells), None)
+            if not ended:
+                self.control.send({"op": "kill"})
+        self._finish(run, started, limits, explain_exit=ended)
+        return run
+
+    def _finish(self, run: Run, started: float, limits: Limits, explain_exit: bool) -> None:
+        """Wait for the worker's report on the child (replacing a worker that does not answer)."""
+        try:
+            report, _, _ = self.control.receive(timeout=GRACE)
+        except (TimeoutError, ProtocolError):
+            self.kill()
+            run.failure = run.failure or "the notebook did not exit"
+            return
+        run.seconds = time.monotonic() - started
+        run.cpu, run.maxrss = float(report.get("cpu", 0)), int(report.get("maxrss", 0))
+        if explain_exit and isinstance(report.get("code"), int):
+            run.failure += f": {_exit_reason(report['code'], limits)}"
+
+
+def _exit_reason(code: int, limits: Limits) -> str:
+    if code >= 0:
+        return f"it exited with code {code} (os._exit, sys.exit in a thread, or a crash)"
+    sig = signal.Signals(-code)
+    reasons = {
+        signal.SIGXCPU: f"it used up its CPU time limit ({limits.cpu} s)",
+        signal.SIGSEGV: "it crashed (segmentation fault)",
+        signal.SIGABRT: "it aborted (out of memory in native code, or a failed assertion)",
+        signal.SIGKILL: "it was killed (SIGKILL)",
+    }
+    return reasons.get(sig, f"it was killed by {sig.name}")
+
+
+class Pool:
+    """`jobs` warm workers; `run` grades submissions (lists of notebooks) as workers free up."""
+
+    def __init__(self, jobs: int, isolation: sandbox.Isolation, course_root: Path, limits: Limits) -> None:
+        self.limits = limits
+        self.runtime = sandbox.runtime_directory()
+        self.workers = []
+        for k in range(jobs):  # start them all now: they warm up while the grader prepares
+            directory = self.runtime / f"worker-{k}"
+            directory.mkdir()
+            worker = Worker(isolation, course_root, directory, k)
+            worker.start()
+            self.workers.append(worker)
+
+    def run(self, jobs: Iterable[tuple[Any, list[Program]]]) -> Iterator[tuple[Any, list[Run]]]:
+        """Yield (key, runs) as each submission finishes, in completion order."""
+        todo: queue.Queue = queue.Queue()
+        done: queue.Queue = queue.Queue()
+        count = 0
+        for job in jobs:
+            todo.put(job)
+            count += 1
+        for _ in self.workers:
+            todo.put(None)
+        threads = [threading.Thread(target=self._serve, args=(w, todo, done), daemon=True) for w in self.workers]
+        for thread in threads:
+            thread.start()
+        for _ in range(count):
+            yield done.get()
+        for thread in threads:
+            thread.join()
+
+    def _serve(self, worker: Worker, todo: queue.Queue, done: queue.Queue) -> None:
+        while (job := todo.get()) is not None:
+            key, programs = job
+            done.put((key, [self._run(worker, program) for program in programs]))
+
+    def _run(self, worker: Worker, program: Program) -> Run:
+        try:
+            return worker.run(program, self.limits)
+        except Exception:  # the worker failed, not the notebook: replace it and try once more
+            worker.kill()
+        try:
+            return worker.run(program, self.limits)
+        except Exception as error:  # never lose a submission, never hang the run
+            worker.kill()
+            first = program.cells[0][0] if program.cells else None
+            return Run(failure=f"the grading worker failed: {error}", stopped_at=first)
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+        shutil.rmtree(self.runtime, ignore_errors=True)
+
+    def __enter__(self) -> "Pool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

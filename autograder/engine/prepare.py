@@ -1,0 +1,112 @@
+"""Read a submitted notebook, say what is wrong with it, and repair it as nbgrader does.
+
+Repairs are nbgrader's own sanitizing preprocessors (outputs cleared, duplicated ids
+resolved, kernelspec, locked and test cells restored from the gradebook, deleted test
+cells put back). What they repair silently is reported here first: deleted, retyped,
+renamed or duplicated graded cells flag the notebook for a human to look at.
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+from nbformat import NotebookNode
+from nbgrader import utils
+from nbgrader.api import Gradebook
+from nbgrader.converters import Autograde
+from nbgrader.nbgraderformat import ValidationError as MetadataError
+from nbgrader.preprocessors import OverwriteCells
+from traitlets.config import Config
+
+MAX_BYTES = 50 << 20  # a submitted notebook larger than this is not read
+QUIET = logging.getLogger("autograder.engine.nbgrader")  # nbgrader's warnings repeat ours less clearly
+QUIET.setLevel(logging.ERROR)
+
+
+class Rejected(Exception):
+    """The notebook cannot be graded automatically; the message says why."""
+
+
+@dataclass
+class Prepared:
+    """A notebook ready to run: nbgrader's sanitized form, and why a human should look at it."""
+
+    name: str
+    nb: NotebookNode
+    flags: list[str] = field(default_factory=list)
+
+    def code_cells(self) -> list[tuple[int, str, str]]:
+        """(index, label, source) of every code cell, in order."""
+        return [
+            (i, _label(i, cell), cell.source) for i, cell in enumerate(self.nb.cells) if cell.cell_type == "code"
+        ]
+
+
+def _label(index: int, cell: NotebookNode) -> str:
+    grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+    return f"cell {index + 1}" + (f" ({grade_id})" if grade_id else "")
+
+
+def read(path: Path) -> NotebookNode:
+    if path.stat().st_size > MAX_BYTES:
+        raise Rejected(f"the notebook is larger than {MAX_BYTES >> 20} MiB")
+    try:
+        nb = nbformat.reads(path.read_text(encoding="utf-8"), as_version=4)
+    except UnicodeDecodeError:
+        raise Rejected("the file is not UTF-8 text") from None
+    except Exception as error:  # nbformat raises many kinds: not JSON, unknown version, missing keys
+        raise Rejected(f"not a readable notebook: {type(error).__name__}: {error}") from None
+    try:
+        nbformat.validate(nb)
+    except nbformat.ValidationError as error:
+        raise Rejected(f"not a valid notebook: {error.message}") from None
+    return nb
+
+
+def tampering(nb: NotebookNode, gradebook: Gradebook, notebook: str, assignment: str) -> list[str]:
+    """What was done to the graded cells that nbgrader would repair without a word."""
+    source = {cell.name: cell for cell in gradebook.find_notebook(notebook, assignment).source_cells}
+    graded = [cell.name for cell in gradebook.find_notebook(notebook, assignment).grade_cells]
+    ids = [
+        cell.metadata.nbgrader.get("grade_id")
+        for cell in nb.cells
+        if "nbgrader" in cell.metadata and (utils.is_grade(cell) or utils.is_solution(cell) or utils.is_locked(cell))
+    ]
+    flags = [f"grade_id '{i}' appears {n} times (a copied cell?)" for i, n in Counter(ids).items() if n > 1 and i]
+    flags += [f"unknown grade_id '{i}' (a renamed cell?)" for i in dict.fromkeys(ids) if i and i not in source]
+    flags += [f"the graded cell '{name}' was deleted or lost its metadata; it was put back" for name in graded if name not in ids]
+    for cell in nb.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id in source and cell.cell_type != source[grade_id].cell_type:
+            flags.append(f"the cell '{grade_id}' was changed from {source[grade_id].cell_type} to {cell.cell_type}")
+    return flags
+
+
+class Preparer:
+    """Reads, checks and sanitizes the submitted notebooks of one course."""
+
+    def __init__(self, db_url: str, course_id: str, config: Config) -> None:
+        self.db_url, self.course_id = db_url, course_id
+        # A deleted test cell is always put back: graded as missing, it would keep a stale score.
+        self.sanitizers = [
+            cls(config=config, log=QUIET, **({"add_missing_cells": True} if cls is OverwriteCells else {}))
+            for cls in Autograde(config=config).sanitize_preprocessors
+        ]
+
+    def prepare(self, path: Path, student: str, assignment: str) -> Prepared:
+        """Raises Rejected when the notebook cannot be graded automatically."""
+        name = path.stem
+        nb = read(path)
+        with Gradebook(self.db_url, self.course_id) as gradebook:
+            flags = tampering(nb, gradebook, name, assignment)
+        resources = {"nbgrader": {"notebook": name, "assignment": assignment, "student": student, "db_url": self.db_url}}
+        try:
+            for sanitize in self.sanitizers:
+                nb, resources = sanitize(nb, resources)
+        except (MetadataError, RuntimeError, ValueError, KeyError) as error:  # as stock nbgrader fails on it
+            reason = f"nbgrader cannot repair its cell metadata ({type(error).__name__}: {error})"
+            raise Rejected("; ".join([*flags, reason])) from None
+        return Prepared(name, nb, flags)

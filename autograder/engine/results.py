@@ -1,0 +1,70 @@
+"""Put what a notebook's run produced back into the notebook, as the autograded version.
+
+A run that stopped early (time limit, crash, kill) leaves an error in the cell that was
+running and in every graded cell after it, so those score 0 exactly as nbgrader scores
+an error; the notebook is flagged for a human to look at, with the reason at its top.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+from nbformat import NotebookNode
+from nbformat.v4 import new_markdown_cell, new_output
+from nbgrader import utils
+
+from .pool import Run
+from .prepare import Prepared
+
+
+@dataclass
+class NotebookResult:
+    """One graded notebook, ready to be saved."""
+
+    name: str
+    source: Path  # the submitted file
+    nb: NotebookNode | None  # the autograded notebook; None when the submission could not be read
+    problems: list[str] = field(default_factory=list)  # why a human should look at it
+    run: Run | None = None
+
+
+def _error(ename: str, message: str) -> NotebookNode:
+    return new_output("error", ename=ename, evalue=message, traceback=[f"{ename}: {message}"])
+
+
+def graded(prepared: Prepared, run: Run, path: Path) -> NotebookResult:
+    nb = copy.deepcopy(prepared.nb)
+    problems = list(prepared.flags)
+    try:
+        for index, cell in run.cells.items():
+            nb.cells[index].outputs = [nbformat.from_dict(output) for output in cell.outputs]
+            nb.cells[index].execution_count = cell.execution_count
+        nbformat.validate(nb)
+    except (nbformat.ValidationError, AttributeError, TypeError) as error:  # outputs are not nbformat's
+        nb = copy.deepcopy(prepared.nb)
+        run.failure, run.stopped_at = f"the notebook's process returned invalid outputs ({error})", None
+    if run.failure:
+        problems.append(run.failure)
+        _mark_stopped(nb, run)
+    if problems:
+        note = "**Flagged for review by a person.** " + " ".join(f"{p[0].upper()}{p[1:]}." for p in problems)
+        nb.cells.insert(0, new_markdown_cell(note))
+    return NotebookResult(prepared.name, path, nb, problems, run)
+
+
+def _mark_stopped(nb: NotebookNode, run: Run) -> None:
+    after = False
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        if index == run.stopped_at or (run.stopped_at is None and not after):
+            cell.outputs.append(_error("NotebookStopped", run.failure))
+            after = True
+        elif after and utils.is_grade(cell) and not utils.is_solution(cell):
+            cell.outputs = [_error("NotRun", f"not run: the notebook stopped earlier ({run.failure})")]
+
+
+def rejected(path: Path, reason: str) -> NotebookResult:
+    return NotebookResult(path.stem, path, None, [reason])

@@ -1,0 +1,175 @@
+"""Where the warm workers run: inside bubblewrap when it is installed, else with a loud warning.
+
+In the bubblewrap sandbox a worker sees the system directories and the Python
+installation read-only, and nothing of the course (no solutions/, no gradebook, no other
+submissions); it has no network, its own process, IPC and hostname namespaces, and two
+small private tmpfs: one for its own state, one for its notebooks' scratch directories.
+Without bubblewrap (macOS, Colab, or where user namespaces are disabled) workers run as
+ordinary processes: every resource limit and the process-per-notebook model still hold,
+and Landlock still confines files and TCP where the kernel has it, but the namespaces
+are missing.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import autograder
+
+from . import landlock
+
+SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd", "group", "nsswitch.conf", "localtime", "fonts", "alternatives")
+STATE, SCRATCH = "/var/worker", "/tmp"  # inside the sandbox
+SCRATCH_BYTES = 512 << 20  # all scratch directories of one worker together
+# As root, worker k runs its notebooks as uid/gid FIRST_UID + k: unprivileged, and its own,
+# so that one notebook's processes never count against another's process limit.
+FIRST_UID = 65500
+INSTALL_HINT = "Debian/Ubuntu: sudo apt-get install bubblewrap"
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """What this machine offers for running student code."""
+
+    bubblewrap: str | None  # path of bwrap, None where workers run without a sandbox
+    landlock: int  # the kernel's Landlock ABI, 0 if none
+    why_not: str = ""  # why there is no sandbox
+
+    @property
+    def root(self) -> bool:
+        return os.geteuid() == 0
+
+    def summary(self) -> str:
+        where = "bubblewrap sandbox" if self.bubblewrap else "NO SANDBOX"
+        landlock_text = f"Landlock ABI {self.landlock}" if self.landlock else "no Landlock"
+        return f"{where}, {landlock_text}" + (", notebooks run as unprivileged users" if self.root and self.bubblewrap else "")
+
+    def warnings(self) -> list[str]:
+        if self.bubblewrap:
+            return []
+        missing = ["no network isolation", "student code can see this machine's files that your user can read"]
+        if self.landlock:
+            missing[1] = "Landlock still blocks the course files, but not UDP or other machine state"
+        missing.append("no process-count limit")
+        return [
+            f"ISOLATION IS REDUCED: {self.why_not}. Student code runs without the bubblewrap sandbox: "
+            + "; ".join(missing) + f". Install bubblewrap to grade untrusted code ({INSTALL_HINT})."
+        ]
+
+
+def readable_paths(course_root: Path) -> list[str]:
+    """The Python installation and this package, never a directory that holds the course."""
+    candidates = {sys.prefix, sys.base_prefix, sys.exec_prefix, *sysconfig.get_paths().values(),
+                  str(Path(autograder.__file__).parent)}
+    course = course_root.resolve()
+    found: list[str] = []
+    for path in sorted({os.path.realpath(p) for p in candidates if os.path.isdir(p)}):
+        if course == Path(path) or course.is_relative_to(path):
+            continue  # it holds the course: leave it out
+        if not any(Path(path).is_relative_to(kept) for kept in found):
+            found.append(path)
+    return found
+
+
+def _system_arguments() -> list[str]:
+    args = []
+    for path in SYSTEM:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    for name in ETC:
+        args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    for device in glob.glob("/dev/nvidia*"):  # a GPU, if there is one, is initialised in the child
+        args += ["--dev-bind", device, device]
+    return args
+
+
+def bubblewrap_arguments(bwrap: str, readable: list[str]) -> list[str]:
+    args = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
+            "--unshare-uts", "--unshare-cgroup-try", "--clearenv"]
+    if os.geteuid() == 0:  # the worker drops each child to nobody, and must be able to end it
+        args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_KILL"]
+    else:
+        args += ["--unshare-user"]
+    args += _system_arguments() + ["--proc", "/proc", "--dev", "/dev", "--ro-bind-try", "/sys", "/sys"]
+    parents = sorted({str(p) for path in readable for p in Path(path).parents if str(p) != "/"})
+    for parent in parents:  # bubblewrap would create them private (0700): nobody could pass
+        args += ["--perms", "0755", "--dir", parent]
+    for path in readable:
+        args += ["--ro-bind", path, path]
+    args += ["--tmpfs", STATE, "--size", str(SCRATCH_BYTES), "--perms", "1777", "--tmpfs", SCRATCH, "--chdir", STATE]
+    return args
+
+
+def probe(use_sandbox: bool = True, course_root: Path = Path.cwd()) -> Isolation:
+    abi = landlock.abi()
+    if not use_sandbox:
+        return Isolation(None, abi, "--no-sandbox was given")
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return Isolation(None, abi, "bubblewrap (bwrap) is not installed")
+    trial = subprocess.run(
+        [*bubblewrap_arguments(bwrap, readable_paths(course_root)), "--", sys.executable, "-I", "-c", "pass"],
+        capture_output=True, text=True, timeout=60,
+    )
+    if trial.returncode != 0:
+        return Isolation(None, abi, f"bubblewrap does not work here ({trial.stderr.strip() or trial.returncode})")
+    return Isolation(bwrap, abi)
+
+
+@dataclass
+class Launch:
+    """How to start one worker: command, environment and the configuration it is sent."""
+
+    argv: list[str]
+    env: dict[str, str]
+    config: dict
+
+
+def launch(isolation: Isolation, course_root: Path, runtime: Path, control_fd: int, slot: int) -> Launch:
+    """Worker number `slot`; `runtime` is a private directory of the grader (used only without a sandbox)."""
+    readable = readable_paths(course_root)
+    sandboxed = isolation.bubblewrap is not None
+    if sandboxed:
+        state, scratch = STATE, SCRATCH
+    else:
+        state, scratch = str(runtime / "state"), str(runtime / "scratch")
+        os.makedirs(state)
+        os.makedirs(scratch)
+    env = {
+        "PATH": os.pathsep.join([os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin"]),
+        "HOME": state, "MPLCONFIGDIR": os.path.join(state, "matplotlib"), "TMPDIR": scratch,
+        "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+        **{k: v for k, v in os.environ.items() if k.startswith("OPENBLAS_")},  # CPU workarounds of this machine
+    }
+    command = [sys.executable, "-I", "-B", "-m", "autograder.engine.zygote", str(control_fd)]
+    if sandboxed:
+        prefix = bubblewrap_arguments(isolation.bubblewrap, readable)
+        for name, value in env.items():
+            prefix += ["--setenv", name, value]
+        command = [*prefix, "--", *command]
+    config = {
+        "sandboxed": sandboxed,
+        "scratch": scratch,
+        "readable": [*readable, *(p for p in SYSTEM if os.path.exists(p)), "/etc"],
+        # RLIMIT_NPROC counts every process of a user, and not root's: it works in a
+        # sandbox's own user namespace or for the worker's own unprivileged user, not for
+        # the grader's user outside a sandbox (where root may be the only user that can
+        # read the Python installation, so children keep it).
+        "limit_processes": sandboxed,
+        "uid": FIRST_UID + slot if sandboxed and isolation.root else None,
+    }
+    return Launch(command, env, config)
+
+
+def runtime_directory() -> Path:
+    return Path(tempfile.mkdtemp(prefix="autograder-"))

@@ -1,0 +1,115 @@
+"""The one trusted writer: gradebook rows and autograded notebooks, one submission at a time.
+
+Student code never runs in this process and cannot reach what it writes. For each
+submission the autograded notebooks are scored by nbgrader's own autograde preprocessors
+(SaveAutoGrades, AssignLatePenalties, LimitOutput, ...) inside one gradebook transaction;
+after the commit the folder moves into autograded/. As in nbgrader, that folder's
+presence means "graded": a grader killed at any point grades that submission again next
+time and never leaves half of one behind. Feedback made before a regrade is removed.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import nbformat
+from nbgrader.converters import Autograde
+from nbgrader.coursedir import CourseDirectory
+from nbgrader.preprocessors import Execute
+from nbgrader.utils import rmtree
+from traitlets.config import Config
+
+from . import gradebook
+from .feedback import hide_test_tracebacks
+from .discover import Submission
+from .prepare import QUIET
+from .results import NotebookResult
+
+STATE = ".autograder"  # the engine's own working folder in the course root
+
+
+class Writer:
+    def __init__(self, coursedir: CourseDirectory, config: Config) -> None:
+        self.coursedir, self.config = coursedir, config
+        self.root = Path(coursedir.root)
+        self.staging = self.root / STATE
+        if self.staging.exists():  # what a killed run left half-made
+            rmtree(str(self.staging))
+        self.staging.mkdir()
+        self.scorers = [  # nbgrader's autograde step, without executing (that is done already)
+            cls(config=config, log=QUIET) for cls in Autograde(config=config).autograde_preprocessors if cls is not Execute
+        ]
+
+    def _dest(self, step: str, submission: Submission) -> Path:
+        return Path(self.coursedir.format_path(step, submission.student, submission.assignment))
+
+    def save(self, submission: Submission, results: list[NotebookResult]) -> None:
+        stage = Path(tempfile.mkdtemp(dir=self.staging))
+        for name, path in submission.extra_files.items():  # timestamp.txt and data files, as nbgrader does
+            (stage / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, stage / name)
+        with gradebook.transaction(self.coursedir.db_url, self.coursedir.course_id) as gb:
+            gb.update_or_create_student(submission.student)
+            timestamp = {"timestamp": submission.timestamp} if submission.timestamp else {}
+            gb.update_or_create_submission(submission.assignment, submission.student, **timestamp)
+            self._zero_missing(gb, submission, {r.name for r in results})
+            for result in results:
+                if result.nb is None:  # unreadable: kept as it came for a person, under a name nbgrader skips
+                    shutil.copy(result.source, stage / f"{result.source.name}.unreadable")
+                else:
+                    resources = self._resources(submission, result.name)
+                    nb = result.nb
+                    for score in self.scorers:
+                        nb, resources = score(nb, resources)
+                    nbformat.write(hide_test_tracebacks(nb, self.config), stage / f"{result.name}.ipynb")
+                if result.problems:
+                    self._flag(gb, submission, result)
+            # Last before the commit: from here until the new folder is in place, the
+            # submission counts as not graded, so an interruption means grading it again.
+            for step in (self.coursedir.feedback_directory, self.coursedir.autograded_directory):
+                self._remove(self._dest(step, submission))
+        _set_permissions(stage, 0o444)
+        dest = self._dest(self.coursedir.autograded_directory, submission)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(stage, dest)
+
+    def _resources(self, submission: Submission, notebook: str) -> dict:
+        return {"nbgrader": {"notebook": notebook, "assignment": submission.assignment,
+                             "student": submission.student, "db_url": self.coursedir.db_url}}
+
+    @staticmethod
+    def _zero_missing(gb, submission: Submission, submitted: set[str]) -> None:
+        """Notebooks of the assignment that were not submitted score 0 (as in nbgrader)."""
+        for notebook in gb.find_assignment(submission.assignment).notebooks:
+            if notebook.name not in submitted:
+                row = gb.find_submission_notebook(notebook.name, submission.assignment, submission.student)
+                for grade in row.grades:
+                    grade.auto_score, grade.needs_manual_grade = 0, False
+        gb.db.commit()
+
+    @staticmethod
+    def _flag(gb, submission: Submission, result: NotebookResult) -> None:
+        row = gb.find_submission_notebook(result.name, submission.assignment, submission.student)
+        row.flagged = True
+        for grade in row.grades:
+            grade.needs_manual_grade = True
+            if result.nb is None:
+                grade.auto_score = 0
+        gb.db.commit()
+
+    def _remove(self, folder: Path) -> None:
+        if folder.exists():
+            gone = Path(tempfile.mkdtemp(dir=self.staging))
+            os.rename(folder, gone / "old")  # atomic: the folder is there whole, or not at all
+            rmtree(str(gone))
+
+    def close(self) -> None:
+        rmtree(str(self.staging))
+
+
+def _set_permissions(folder: Path, mode: int) -> None:
+    for path in folder.rglob("*"):
+        if path.is_file():
+            path.chmod(mode)

@@ -1,0 +1,163 @@
+"""A warm worker: import torch, IPython and the course's checks once, then fork a fresh
+child for every notebook, so no state passes from one submission to the next.
+
+Started by the grader as `python -I -m autograder.engine.zygote CONTROL_FD`, inside
+the sandbox. Control messages: the grader sends its configuration, then "run" (with the
+child's channel as a passed descriptor) or "stop"; the worker answers "ready" once,
+then "exited" after each child, with its exit status and resource use. A "kill"
+during a run ends the child and everything it started.
+"""
+from __future__ import annotations
+
+import gc
+import importlib
+import os
+import pkgutil
+import select
+import signal
+import socket
+import stat
+import sys
+import threading
+import time
+
+from . import child, confine, kernel
+from .limits import Limits
+from .protocol import Channel
+
+
+def warm():
+    """Pay every first-call cost once, here, instead of in every child."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    torch.set_num_threads(1)  # no thread pools in a process that forks
+    torch.set_num_interop_threads(1)
+    shell = kernel.make_shell()
+    import autograder.checks
+    import autograder.exercises
+    import autograder.notebook  # noqa: F401  (the setup cell of every notebook)
+
+    for package in (autograder.checks, autograder.exercises):
+        for module in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+            importlib.import_module(module.name)
+
+    class Mode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradcheck(torch.sin, (x,))
+    torch.autograd.gradgradcheck(torch.sin, (x,))
+    with Mode():
+        torch.ones(2).sum()
+    torch.empty(2, device="meta").clamp(0, 1)  # loads torch._dynamo
+    shell.transform_cell("x = 1\n")
+    try:  # the first traceback costs a lot (pygments, stack inspection); wrong answers all make one
+        raise ValueError("warm-up")
+    except ValueError:
+        shell.InteractiveTB.structured_traceback(*sys.exc_info())
+    gc.collect()
+    gc.freeze()  # children neither scan nor copy the objects that exist now
+    return shell
+
+
+def main(control_fd: int) -> None:
+    control = Channel(socket.socket(fileno=control_fd), accept_fds=True)
+    config, _, _ = control.receive()
+    confine.die_with_parent()
+    shell = warm()
+    tasks = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else threading.active_count()
+    control.send({"op": "ready", "threads": tasks})
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_write)
+    while True:
+        message, buffers, fds = control.receive()
+        if message["op"] == "stop":
+            return
+        if message["op"] == "run":
+            _run(control, config, message, buffers, fds, wake_read, shell)
+
+
+def _run(control: Channel, config: dict, message: dict, buffers: list[bytes], fds: list[int], wake: int, shell) -> None:
+    (channel_fd,) = fds
+    limits = Limits.from_message(message["limits"])
+    files = dict(zip(message["files"], buffers))
+    pid = os.fork()
+    if pid == 0:
+        child.main(channel_fd, config, limits, files, shell)
+    os.close(channel_fd)
+    status, usage = _wait(control, pid, wake, config)
+    _kill_all(pid, config)  # whatever the notebook left running
+    _wipe(config["scratch"], config["uid"])
+    control.send({
+        "op": "exited",
+        "code": os.waitstatus_to_exitcode(status),
+        "cpu": usage.ru_utime + usage.ru_stime,
+        "maxrss": usage.ru_maxrss,
+    })
+
+
+def _wait(control: Channel, pid: int, wake: int, config: dict):
+    while True:
+        done, status, usage = os.wait4(pid, os.WNOHANG)
+        if done:
+            return status, usage
+        ready, _, _ = select.select([control, wake], [], [])
+        if wake in ready:
+            os.read(wake, 4096)
+        if control in ready:
+            message, _, fds = control.receive()
+            for fd in fds:
+                os.close(fd)
+            if message["op"] == "kill":
+                _kill_all(pid, config)
+
+
+def _kill_all(pid: int, config: dict) -> None:
+    """Kill the child and everything it started: all of this sandbox's other processes
+    (its own PID namespace), or without a sandbox the child's process group."""
+    try:
+        if not config["sandboxed"]:
+            os.killpg(pid, signal.SIGKILL)
+            return
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    # Until the namespace's init has reaped them they still count against the next
+    # child's process limit: wait for them to be gone.
+    for _ in range(2000):
+        if not [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid())]:
+            return
+        time.sleep(0.001)
+
+
+def _wipe(scratch_root: str, uid: int | None) -> None:
+    """Empty the scratch area as the notebook's own user (it may have locked its files)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            confine.drop_privileges(uid)
+            for entry in os.scandir(scratch_root):
+                _remove(entry.path)
+        except BaseException:
+            code = 1
+        os._exit(code)
+    os.waitpid(pid, 0)
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        os.chmod(path, stat.S_IRWXU)
+        for entry in os.scandir(path):
+            _remove(entry.path)
+        os.rmdir(path)
+    else:
+        os.unlink(path)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))
