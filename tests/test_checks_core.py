@@ -79,6 +79,16 @@ def test_a_wrong_gradient_names_expected_and_actual_values():
     assert any("first at index" in line for line in lines)
 
 
+def test_backward_must_not_ask_autograd_for_the_gradient():
+    def backward(ctx, g, x, c):
+        with torch.enable_grad():
+            x = x.detach().requires_grad_()
+            return torch.autograd.grad(x.clamp(0, c), x, g)[0], None
+
+    with pytest.raises(CheckFailed, match="backward calls torch.autograd.grad to compute its gradient"):
+        check_clipped_relu(clipped(backward))
+
+
 def test_forward_must_not_modify_its_input():
     class Clamps(torch.autograd.Function):
         @staticmethod

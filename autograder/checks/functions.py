@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 from torch.autograd.gradcheck import GradcheckError
 
-from . import devices, explain, inputs, probe
+from . import devices, explain, inputs, introspect, probe
 from .report import fail, note, passed, quiet, shape, show
 
 Hint = Callable[[tuple, int, torch.Tensor], "str | None"]
@@ -34,6 +34,9 @@ class FunctionSpec:
     reference: Callable[..., Any]
     cases: Callable[[torch.Generator], list[tuple]]
     double_backward: bool = False
+    # Exercises ask for a gradient formula: a backward that lets autograd compute it fails
+    # (found in the student's process: best effort).
+    autograd_in_backward: bool = False
     hint: Hint | None = None
     rtol: float = 1e-6
     atol: float = 1e-9
@@ -57,12 +60,13 @@ def check_function(student: Any, spec: FunctionSpec, *, seed: int | None = 0) ->
                     _finite_differences(student, spec, devices.prepare(args, device), names, generator)
                 else:
                     _gradcheck(student, spec, devices.prepare(args, device))
+        if not spec.autograd_in_backward:
+            _no_autograd_in_backward(student, spec, devices.prepare(cases[0], "cpu"), names)
         meta = _meta(student, cases[0], names)
     checked = "forward, backward and double backward" if spec.double_backward else "forward and backward"
-    if isinstance(student, probe.StudentProxy):
-        tools = "finite differences of your forward agree with your backward"
-    else:
-        tools = "gradcheck and gradgradcheck pass" if spec.double_backward else "gradcheck passes"
+    # (For a student's object in another process, the grader's own finite differences
+    # stand in for gradcheck: same method, numbers computed where student code never runs.)
+    tools = "gradcheck and gradgradcheck pass" if spec.double_backward else "gradcheck passes"
     passed(
         f"{spec.name}: {checked} agree with the reference on {len(cases)} input(s); "
         f"{tools} (float64, {', '.join(devices.available())})."
@@ -284,6 +288,26 @@ def _finite_differences(student: probe.StudentProxy, spec: FunctionSpec, args: t
                     *shown, f"numerical {numeric:.6g}", f"analytical {float(got.view(-1)[j]):.6g}",
                     cause="backward must be the derivative of forward, linear in grad_output.",
                 )
+
+
+AUTOGRAD_CALLS = {"grad": "torch.autograd.grad", "backward": "Tensor.backward"}
+
+
+def _no_autograd_in_backward(student: Any, spec: FunctionSpec, args: tuple, names: list[str]) -> None:
+    __tracebackhide__ = True
+    if not (isinstance(student, probe.StudentProxy) or (isinstance(student, type) and issubclass(student, torch.autograd.Function))):
+        return  # a wrapper around several Functions: nothing single to look into
+    facts = introspect.record_backward(student, args)
+    called = [AUTOGRAD_CALLS[name] for name in AUTOGRAD_CALLS if facts.calls.get(name)]
+    if facts.error is not None and not called:
+        return  # not a single Function, or it fails: the other checks say why
+    if called:
+        fail(
+            f"{spec.name}: backward calls {' and '.join(called)} to compute its gradient.",
+            *_describe(args, names),
+            cause="the exercise asks for the gradient formula itself: compute it from the saved tensors "
+            "and grad_output with torch operations, without asking autograd for it.",
+        )
 
 
 def _meta(student: Any, args: tuple, names: list[str]) -> str:

@@ -96,7 +96,10 @@ def record_backward(function: type[torch.autograd.Function], args: tuple) -> Bac
 
 @probe.procedure
 def _record_backward(function: type[torch.autograd.Function], args: tuple) -> dict:
-    stage = "forward"
+    if not (isinstance(function, type) and issubclass(function, torch.autograd.Function)):
+        error = probe.ProbeError("forward", "TypeError", f"{function!r} is not a torch.autograd.Function")
+        return {"calls": {}, "returned": [], "error": asdict(error)}
+    stage, record = "forward", BackwardRecord()
     try:
         with backward_calls(function) as record:
             outs = [o for o in probe.outputs_of(function.apply(*args)) if probe.differentiable(o) and o.requires_grad]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import traceback
 from typing import Any, Callable
 
@@ -55,5 +56,6 @@ def serve(channel: Channel, handlers: dict[str, Handler]) -> None:
 
 
 def _execute(shell: InteractiveShell, request: dict) -> tuple[dict[str, Any], list[bytes]]:
+    started = time.process_time()
     outputs, count = kernel.execute(shell, request["code"])
-    return {"op": "executed", "outputs": outputs, "execution_count": count}, []
+    return {"op": "executed", "outputs": outputs, "execution_count": count, "cpu": time.process_time() - started}, []

@@ -122,40 +122,48 @@ def _known_notebooks(coursedir: CourseDirectory, assignments: set[str]) -> dict[
     return known
 
 
+AHEAD = 2  # submissions prepared and queued per worker, so no worker waits for the grader
+
+
 def _grade_all(todo, known, coursedir, config, pool, writer, console) -> list[report.Outcome]:
+    """Prepare, run and save, interleaved: one thread does all the trusted work in turn."""
     preparer = Preparer(coursedir.db_url, coursedir.course_id, config)
-    prepared: dict[str, list] = {}  # key -> [(path, Prepared | reason)]
-    for submission in todo:
-        items = []
-        for path in submission.notebooks:
-            if path.stem not in known[submission.assignment]:
-                console.print(f"skipping {path}: no notebook '{path.stem}' in assignment '{submission.assignment}'")
-                continue
-            try:
-                items.append((path, preparer.prepare(path, submission.student, submission.assignment)))
-            except Rejected as error:
-                items.append((path, str(error)))
-        prepared[submission.key] = items
-    by_key = {s.key: s for s in todo}
-    jobs = []
-    for key, items in prepared.items():
-        files = {name: path.read_bytes() for name, path in by_key[key].extra_files.items()}
-        jobs.append((key, [Program(p.code_cells(), files) for _, p in items if not isinstance(p, str)]))
+    waiting = iter(todo)
+    running: dict[str, tuple[discover.Submission, list]] = {}  # key -> (submission, [(path, Prepared | reason)])
     outcomes = []
     with report.progress(console) as bar:
-        task = bar.add_task("", total=len(jobs))
-        for key, runs in pool.run(jobs):
-            submission = by_key[key]
-            notebook_results, queue = [], iter(runs)
-            for path, item in prepared[key]:
-                if isinstance(item, str):
-                    notebook_results.append(results.rejected(path, item))
-                else:
-                    notebook_results.append(results.graded(item, next(queue), path))
+        task = bar.add_task("", total=len(todo))
+        while True:
+            while len(running) < AHEAD * pool.size and (submission := next(waiting, None)) is not None:
+                items = _prepare(submission, known[submission.assignment], preparer, console)
+                running[submission.key] = (submission, items)
+                files = {name: path.read_bytes() for name, path in submission.extra_files.items()}
+                pool.submit(submission.key, [Program(p.code_cells(), files) for _, p in items if not isinstance(p, str)])
+            if not running:
+                return outcomes
+            key, runs = pool.result()
+            submission, items = running.pop(key)
+            queue = iter(runs)
+            notebook_results = [
+                results.rejected(path, item) if isinstance(item, str) else results.graded(item, next(queue), path)
+                for path, item in items
+            ]
             writer.save(submission, notebook_results)
             outcomes.append(_outcome(submission, notebook_results))
             bar.update(task, advance=1, description=key)
-    return outcomes
+
+
+def _prepare(submission, known: set[str], preparer: Preparer, console) -> list:
+    items = []
+    for path in submission.notebooks:
+        if path.stem not in known:
+            console.print(f"skipping {path}: no notebook '{path.stem}' in assignment '{submission.assignment}'")
+            continue
+        try:
+            items.append((path, preparer.prepare(path, submission.student, submission.assignment)))
+        except Rejected as error:
+            items.append((path, str(error)))
+    return items
 
 
 def _outcome(submission, notebook_results) -> report.Outcome:
@@ -164,7 +172,7 @@ def _outcome(submission, notebook_results) -> report.Outcome:
     runs = [r.run for r in notebook_results if r.run]
     return report.Outcome(
         submission, "failed" if failed else "flagged" if problems else "graded", problems,
-        sum(r.seconds for r in runs), sum(r.code_seconds for r in runs),
+        sum(r.seconds for r in runs), sum(r.code_seconds for r in runs), sum(r.code_cpu for r in runs),
     )
 
 

@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from . import sandbox
 from .limits import Limits
@@ -40,7 +40,8 @@ class Program:
 class Cell:
     outputs: list[dict[str, Any]]
     execution_count: int
-    seconds: float
+    seconds: float  # wall time, measured here
+    cpu: float  # CPU time, as the notebook's process reports it (for statistics only)
 
 
 @dataclass
@@ -57,6 +58,10 @@ class Run:
     @property
     def code_seconds(self) -> float:
         return sum(c.seconds for c in self.cells.values())
+
+    @property
+    def code_cpu(self) -> float:
+        return sum(c.cpu for c in self.cells.values())
 
 
 class SetupError(Exception):
@@ -150,7 +155,11 @@ class Worker:
                     raise ProtocolError("a reply that is not a list of outputs")
                 if channel.received > limits.output + REPLY_SLACK:
                     raise ProtocolError(f"more than {limits.output} bytes of output")
-                run.cells[index] = Cell(outputs, int(reply.get("execution_count") or 0), time.monotonic() - sent)
+                count, cpu = reply.get("execution_count"), reply.get("cpu")
+                run.cells[index] = Cell(
+                    outputs, count if isinstance(count, int) else 0, time.monotonic() - sent,
+                    float(cpu) if isinstance(cpu, (int, float)) else 0.0,
+                )
             channel.send({"op": "exit"})
         except SetupError as error:
             run.failure, ended = f"the notebook could not be confined, so it was not run: {error}", True
@@ -197,41 +206,42 @@ def _exit_reason(code: int, limits: Limits) -> str:
 
 
 class Pool:
-    """`jobs` warm workers; `run` grades submissions (lists of notebooks) as workers free up."""
+    """`jobs` warm workers, started at once (they warm up while the grader prepares).
+
+    `submit` queues a submission (its notebooks run one after another on one worker);
+    `result` returns the next finished one, in completion order.
+    """
 
     def __init__(self, jobs: int, isolation: sandbox.Isolation, course_root: Path, limits: Limits) -> None:
         self.limits = limits
         self.runtime = sandbox.runtime_directory()
-        self.workers = []
-        for k in range(jobs):  # start them all now: they warm up while the grader prepares
+        self.todo: queue.Queue = queue.Queue()
+        self.done: queue.Queue = queue.Queue()
+        self.workers, self.threads = [], []
+        for k in range(jobs):
             directory = self.runtime / f"worker-{k}"
             directory.mkdir()
             worker = Worker(isolation, course_root, directory, k)
             worker.start()
             self.workers.append(worker)
-
-    def run(self, jobs: Iterable[tuple[Any, list[Program]]]) -> Iterator[tuple[Any, list[Run]]]:
-        """Yield (key, runs) as each submission finishes, in completion order."""
-        todo: queue.Queue = queue.Queue()
-        done: queue.Queue = queue.Queue()
-        count = 0
-        for job in jobs:
-            todo.put(job)
-            count += 1
-        for _ in self.workers:
-            todo.put(None)
-        threads = [threading.Thread(target=self._serve, args=(w, todo, done), daemon=True) for w in self.workers]
-        for thread in threads:
+            self.threads.append(threading.Thread(target=self._serve, args=(worker,), daemon=True))
+        for thread in self.threads:
             thread.start()
-        for _ in range(count):
-            yield done.get()
-        for thread in threads:
-            thread.join()
 
-    def _serve(self, worker: Worker, todo: queue.Queue, done: queue.Queue) -> None:
-        while (job := todo.get()) is not None:
+    @property
+    def size(self) -> int:
+        return len(self.workers)
+
+    def submit(self, key: Any, programs: list[Program]) -> None:
+        self.todo.put((key, programs))
+
+    def result(self) -> tuple[Any, list[Run]]:
+        return self.done.get()
+
+    def _serve(self, worker: Worker) -> None:
+        while (job := self.todo.get()) is not None:
             key, programs = job
-            done.put((key, [self._run(worker, program) for program in programs]))
+            self.done.put((key, [self._run(worker, program) for program in programs]))
 
     def _run(self, worker: Worker, program: Program) -> Run:
         try:
@@ -246,6 +256,10 @@ class Pool:
             return Run(failure=f"the grading worker failed: {error}", stopped_at=first)
 
     def close(self) -> None:
+        for _ in self.threads:
+            self.todo.put(None)
+        for thread in self.threads:
+            thread.join()
         for worker in self.workers:
             worker.stop()
         shutil.rmtree(self.runtime, ignore_errors=True)

@@ -25,6 +25,7 @@ class Outcome:
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0  # wall time of its notebooks' runs
     code_seconds: float = 0.0  # of which running cells
+    code_cpu: float = 0.0  # CPU time of its cells
 
 
 def progress(console: Console) -> Progress:
@@ -112,6 +113,7 @@ def write_status(outcomes: list[Outcome], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["student", "status", "seconds", "code_seconds", "problems"])
+        writer.writerow(["student", "status", "seconds", "code_seconds", "code_cpu", "problems"])
         for o in outcomes:
-            writer.writerow([o.submission.student, o.status, f"{o.seconds:.3f}", f"{o.code_seconds:.3f}", " | ".join(o.problems)])
+            times = (f"{o.seconds:.3f}", f"{o.code_seconds:.3f}", f"{o.code_cpu:.3f}")
+            writer.writerow([o.submission.student, o.status, *times, " | ".join(o.problems)])

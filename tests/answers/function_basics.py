@@ -12,6 +12,22 @@ MUTANTS = [
           ("return grad_output * inside, None", "return grad_output * inside * torch.ones(x.shape, dtype=x.dtype), None")),
     wrong("clipped_relu", "clamps the input in place",
           ("return x.clamp(0, clip)", "return x.clamp_(0, clip)")),
+    wrong("clipped_relu", "asks autograd for the gradient", source='''
+class ClippedReLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, clip):
+        ctx.save_for_backward(x)
+        ctx.clip = clip
+        return x.clamp(0, clip)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            x = x.detach().requires_grad_()
+            (grad_x,) = torch.autograd.grad(x.clamp(0, ctx.clip), x, grad_output)
+        return grad_x, None
+'''),
     wrong("linear", "ignores needs_input_grad",
           ("if ctx.needs_input_grad[0]:\n", "if True:\n"), ("if ctx.needs_input_grad[1]:\n", "if True:\n")),
     wrong("linear", "transposed weight gradient",
