@@ -1,0 +1,104 @@
+"""A static look at what a student wrote, for code that tries to change how it is graded.
+
+Best effort, and only a reason to look: grades never depend on it (trusted verdicts and
+the sandbox do the protecting). Only lines the student added or changed are read — the
+released notebook's own code (its demonstrations import `gc`, say) is not suspicious.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+
+# Roots whose attributes a student's code has no business assigning.
+MODULES = {"builtins", "torch", "autograder", "sys", "os", "IPython", "numpy", "np", "math", "nbformat", "nbgrader", "signal"}
+# Calls and names worth a look, with why.
+PATTERNS = [
+    (r"\bbuiltins\b|__builtins__", "touches Python's builtins"),
+    (r"input_transformers|ast_transformers|set_custom_exc|showtraceback|events\.register|register_magic", "changes how IPython runs cells"),
+    (r"\bsys\.(modules|settrace|setprofile|meta_path)|\bgc\.get_(objects|referrers)|\bctypes\b|currentframe|_getframe", "reaches into the interpreter"),
+    (r"\bos\._exit|\bsys\.exit|\bos\.kill|\bsignal\.|\bos\.fork|\bsubprocess\b|\bmultiprocessing\b|\bos\.system", "controls processes or signals"),
+    (r"\bsocket\b|\burllib\b|\brequests\b|\bhttp\.client|\bftplib\b", "opens network connections"),
+    (r"\bopen\(|\bpathlib\b|\bos\.(listdir|walk|scandir|remove|unlink|rename|chmod|makedirs)|\bshutil\b|\bglob\b", "reads or writes files"),
+    (r"gradebook|\bsolutions/|\bsource/|BEGIN HIDDEN", "mentions the grader's files"),
+]
+AUTOGRAD_IN_BACKWARD = re.compile(r"torch\.autograd\.grad\b|\.backward\(|torch\.func\.|autograd\.functional")
+
+
+@dataclass(frozen=True)
+class Finding:
+    cell: str  # grade_id, or "cell N"
+    line: int
+    code: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.cell}, line {self.line}: {self.reason}: `{self.code.strip()[:100]}`"
+
+
+def scan(cells: list, released: list) -> list[Finding]:
+    """Findings in the code cells of a submission that are not in the released notebook."""
+    given = {line.strip() for cell in released if cell.get("cell_type") == "code" for line in _source(cell).splitlines()}
+    found: list[Finding] = []
+    for index, cell in enumerate(cells):
+        if cell.get("cell_type") != "code":
+            continue
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        name = meta.get("grade_id") or f"cell {index}"
+        source = _source(cell)
+        new = {n for n, line in enumerate(source.splitlines(), 1) if line.strip() and line.strip() not in given}
+        found += [f for f in _findings(name, source) if f.line in new]
+    return found
+
+
+def _source(cell: dict) -> str:
+    source = cell.get("source", "")
+    return "".join(source) if isinstance(source, list) else source
+
+
+def _findings(cell: str, source: str) -> list[Finding]:
+    lines = source.splitlines()
+    found = [
+        Finding(cell, n, line, reason)
+        for n, line in enumerate(lines, 1)
+        for pattern, reason in PATTERNS
+        if re.search(pattern, line)
+    ]
+    try:
+        tree = ast.parse(_without_magics(source))
+    except SyntaxError:
+        return found
+    for node in ast.walk(tree):
+        for target in _assigned(node):
+            root = _root(target)
+            if root in MODULES:
+                found.append(Finding(cell, target.lineno, lines[target.lineno - 1], f"replaces something in `{root}`"))
+        if isinstance(node, ast.FunctionDef) and node.name == "backward":
+            for inner in ast.walk(node):
+                line = lines[inner.lineno - 1] if hasattr(inner, "lineno") else ""
+                if isinstance(inner, ast.Call) and AUTOGRAD_IN_BACKWARD.search(ast.unparse(inner.func) + "("):
+                    found.append(Finding(cell, inner.lineno, line, "asks autograd for the gradient inside backward"))
+    return found
+
+
+def _without_magics(source: str) -> str:
+    """IPython lines (`%pip ...`, `!ls`) are not Python: blank them, keeping line numbers."""
+    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
+
+
+def _assigned(node: ast.AST) -> list[ast.expr]:
+    if isinstance(node, ast.Assign):
+        return [t for t in node.targets if isinstance(t, (ast.Attribute, ast.Subscript))]
+    if isinstance(node, (ast.AugAssign, ast.AnnAssign)) and isinstance(node.target, (ast.Attribute, ast.Subscript)):
+        return [node.target]
+    if isinstance(node, ast.Delete):
+        return [t for t in node.targets if isinstance(t, (ast.Attribute, ast.Subscript))]
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr") and node.args:
+        return [node.args[0]]
+    return []
+
+
+def _root(node: ast.expr) -> str | None:
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
