@@ -6,9 +6,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Graphviz's `dot` draws autograd graphs (notebook 07); tests render with it.
-SYSTEM_TOOLS := dot:graphviz
+# Bubblewrap sandboxes student code when grading (`make autograde`).
+SYSTEM_TOOLS := dot:graphviz bwrap:bubblewrap
 
-.PHONY: test lab release lock system-tools clean
+.PHONY: test lab release autograde bench lock system-tools clean
 
 test: $(STAMP) system-tools
 	$(BIN)/python -m pytest
@@ -20,6 +21,15 @@ lab: $(STAMP) system-tools
 # Regenerate the student notebooks in course/ from solutions/ (stock nbgrader).
 release: $(STAMP)
 	$(BIN)/autograder release
+
+# Grade submitted/ (all assignments, all students; what is graded already is skipped).
+# Pass options with ARGS, e.g. make autograde ARGS="03_function_basics --student alice --force".
+autograde: $(STAMP) system-tools
+	$(BIN)/autograder grade $(ARGS)
+
+# Stock `nbgrader autograde` against `autograder grade` on the same generated submissions.
+bench: $(STAMP) system-tools
+	$(BIN)/python bench/stock_vs_engine.py $(ARGS)
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || { \

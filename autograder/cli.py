@@ -6,14 +6,14 @@ from typing import List, Optional
 
 import typer
 
-from . import authoring
-
 app = typer.Typer(help="The autograd course's instructor tools.", no_args_is_help=True, add_completion=False)
 
 
 @app.command()
 def release() -> None:
     """Normalise the notebooks in solutions/ and regenerate the student notebooks in course/."""
+    from . import authoring
+
     for slug in authoring.normalize_all():
         typer.echo(f"normalised solutions/{slug}")
     authoring.release()

@@ -1,7 +1,9 @@
-"""The grading engine: grades nbgrader's submitted/ tree fast and with student code isolated.
+"""The grading engine behind `autograder grade`: nbgrader's autograde step, fast and isolated.
 
-Trusted side (the grader's process): discover -> prepare -> pool -> results -> writer
--> report, driven by grade. Untrusted side (sandboxed workers): zygote forks a child
+Trusted side, the grader's one process: grade (start workers) -> course (the steps) ->
+discover -> prepare -> pool -> results -> writer (gradebook via gradebook, one transaction
+per submission) -> report; feedback and speedups wrap nbgrader's own code.
+Untrusted side, in the sandbox (sandbox, limits): zygote, a warm worker, forks a child
 per notebook; child confines itself (confine, landlock) and runs cells (kernel).
-protocol is the only way the two talk: JSON and bytes, never pickle.
+protocol is the only way the two sides talk: JSON and raw bytes, never pickle.
 """

@@ -43,7 +43,7 @@ def confine(channel_fd: int, config: dict, limits: Limits, files: dict[str, byte
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails instead of killing
     os.closerange(3, channel_fd)
-    os.closerange(channel_fd + 1, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1024)
+    os.closerange(channel_fd + 1, os.sysconf("SC_OPEN_MAX"))
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.close(null)

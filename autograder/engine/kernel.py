@@ -58,8 +58,7 @@ class Recorder:
     def stream(self, name: str, text: str) -> None:
         if not text:
             return
-        if name == "stdout" or name == "stderr":
-            self.drain()
+        self.drain()  # what reached fds 1 and 2 before this write comes first
         last = self.outputs[-1] if self.outputs and not self._clear_pending else None
         if last is not None and last["output_type"] == "stream" and last["name"] == name:
             if not last["text"].endswith("truncated: the notebook's output limit was reached]\n"):

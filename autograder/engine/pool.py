@@ -256,10 +256,13 @@ class Pool:
             return Run(failure=f"the grading worker failed: {error}", stopped_at=first)
 
     def close(self) -> None:
+        if not self.threads:
+            return
         for _ in self.threads:
             self.todo.put(None)
         for thread in self.threads:
             thread.join()
+        self.threads = []
         for worker in self.workers:
             worker.stop()
         shutil.rmtree(self.runtime, ignore_errors=True)

@@ -68,8 +68,9 @@ def read(path: Path) -> NotebookNode:
 
 def tampering(nb: NotebookNode, gradebook: Gradebook, notebook: str, assignment: str) -> list[str]:
     """What was done to the graded cells that nbgrader would repair without a word."""
-    source = {cell.name: cell for cell in gradebook.find_notebook(notebook, assignment).source_cells}
-    graded = [cell.name for cell in gradebook.find_notebook(notebook, assignment).grade_cells]
+    stored = gradebook.find_notebook(notebook, assignment)
+    source = {cell.name: cell for cell in stored.source_cells}
+    graded = [cell.name for cell in stored.grade_cells]
     ids = [
         cell.metadata.nbgrader.get("grade_id")
         for cell in nb.cells

@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import nbformat
@@ -26,6 +27,7 @@ class Outcome:
     seconds: float = 0.0  # wall time of its notebooks' runs
     code_seconds: float = 0.0  # of which running cells
     code_cpu: float = 0.0  # CPU time of its cells
+    graded_at: datetime = field(default_factory=datetime.now)  # when its results were saved
 
 
 def progress(console: Console) -> Progress:
@@ -102,7 +104,7 @@ def plot(db_url: str, course_id: str, assignment: str, source: Path, out: Path) 
         ax.set_ylabel("students")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     figure.suptitle(f"{assignment}: {len(panels[0][1])} submissions")
-    figure.tight_layout()
+    figure.subplots_adjust(left=0.5 / figure.get_figwidth(), right=0.98, bottom=0.2, top=0.78, wspace=0.45)
     out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(out, dpi=100)
     return out
@@ -113,7 +115,7 @@ def write_status(outcomes: list[Outcome], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["student", "status", "seconds", "code_seconds", "code_cpu", "problems"])
+        writer.writerow(["student", "status", "graded_at", "seconds", "code_seconds", "code_cpu", "problems"])
         for o in outcomes:
-            times = (f"{o.seconds:.3f}", f"{o.code_seconds:.3f}", f"{o.code_cpu:.3f}")
+            times = (o.graded_at.isoformat(), f"{o.seconds:.3f}", f"{o.code_seconds:.3f}", f"{o.code_cpu:.3f}")
             writer.writerow([o.submission.student, o.status, *times, " | ".join(o.problems)])

@@ -147,7 +147,7 @@ def launch(isolation: Isolation, course_root: Path, runtime: Path, control_fd: i
         os.makedirs(scratch)
     env = {
         "PATH": os.pathsep.join([os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin"]),
-        "HOME": state, "MPLCONFIGDIR": os.path.join(state, "matplotlib"), "TMPDIR": scratch,
+        "HOME": state, "MPLCONFIGDIR": os.path.join(state, "matplotlib"), "TMPDIR": state,
         "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
         **{k: v for k, v in os.environ.items() if k.startswith("OPENBLAS_")},  # CPU workarounds of this machine
     }

@@ -1,0 +1,88 @@
+"""Courses for the engine's tests: stock nbgrader's course (tests/grading.py), graded by
+`autograder grade`, with helpers to build submissions and read the gradebook."""
+from __future__ import annotations
+
+import copy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+from nbgrader.api import Gradebook, SourceCell
+
+from autograder import authoring
+from grading import Course, exercises
+
+
+def solutions(slug: str) -> dict[str, str]:
+    """{answer grade_id: model solution} of a notebook."""
+    nb = nbformat.read(authoring.solution_path(slug), as_version=4)
+    return {e.answer_id: e.solution for e in exercises(nb)}
+
+
+def clone(course: Course, root: Path) -> Course:
+    """A copy of a released course (with its submissions) in `root`."""
+    shutil.copytree(course.root, root, dirs_exist_ok=True)
+    twin = copy.copy(course)
+    twin.root, twin.db_url = root, f"sqlite:///{root / 'gradebook.db'}"
+    return twin
+
+
+def submit_notebook(course: Course, student: str, slug: str, nb: nbformat.NotebookNode | str) -> Path:
+    """Submit a notebook as given (a NotebookNode, or raw text for broken files)."""
+    folder = course.root / "submitted" / student / slug
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{slug}.ipynb"
+    if isinstance(nb, str):
+        path.write_text(nb)
+    else:
+        nbformat.write(nb, path)
+    return path
+
+
+def with_answers(course: Course, slug: str, answers: dict[str, str]) -> nbformat.NotebookNode:
+    nb = course.released(slug)
+    for cell in nb.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id in answers:
+            cell.source = answers[grade_id]
+    return nb
+
+
+def grade(course: Course, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`autograder grade ARGS` in the course root, as an instructor runs it."""
+    command = Path(sys.executable).with_name("autograder")
+    return subprocess.run(
+        [str(command), "grade", *args], cwd=course.root, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def rows(course: Course, exclude: set[str] = frozenset()) -> dict:
+    """Every gradebook value that an attack by a student in `exclude` must leave alone:
+    other students' grades, comments and flags, and the stored source cells (tests)."""
+    found = {}
+    with Gradebook(course.db_url) as gb:
+        for cell in gb.db.query(SourceCell):
+            found[("source", cell.notebook.name, cell.name)] = (cell.source, cell.checksum, cell.locked, cell.cell_type)
+        for student in gb.students:
+            if student.id in exclude:
+                continue
+            for submission in student.submissions:
+                for nb in submission.notebooks:
+                    found[(student.id, nb.name, "flagged")] = nb.flagged
+                    for g in nb.grades:
+                        found[(student.id, nb.name, g.name)] = (g.auto_score, g.manual_score, g.needs_manual_grade)
+                    for c in nb.comments:
+                        found[(student.id, nb.name, c.name, "comment")] = (c.auto_comment, c.manual_comment)
+    return found
+
+
+def notebook(course: Course, step: str, student: str, slug: str) -> nbformat.NotebookNode:
+    return nbformat.read(course.root / step / student / slug / f"{slug}.ipynb", as_version=4)
+
+
+def flagged(course: Course, slug: str, student: str) -> tuple[bool, list[bool]]:
+    with Gradebook(course.db_url) as gb:
+        row = gb.find_submission_notebook(slug, slug, student)
+        return row.flagged, [g.needs_manual_grade for g in row.grades]

@@ -1,0 +1,101 @@
+"""Cells run in the engine's children behave as in Jupyter, and score as in nbgrader."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbgrader.utils import determine_grade
+
+from autograder.engine import sandbox
+from autograder.engine.limits import Limits
+from autograder.engine.pool import Pool, Program
+
+pytestmark = pytest.mark.slow
+
+CELLS = {
+    "print": "print('out'); import sys; print('err', file=sys.stderr)",
+    "fd_stderr": "import os; os.write(2, b'native\\n'); os.write(1, b'native out\\n');",
+    "warning": "import warnings; warnings.warn('careful')",
+    "result": "0.25",
+    "html": "from IPython.display import HTML, display; display(HTML('<b>bold</b>'))",
+    "figure": "import matplotlib.pyplot as plt; plt.plot([1, 2, 3]);",
+    "magics": "%time x = 1\n!echo shell",
+    "cell_magic": "%%capture captured\nprint('hidden')",
+    "error": "1 / 0",
+    "silenced": "get_ipython().set_custom_exc((Exception,), lambda *a, **k: None)\nraise ValueError('swallowed')",
+    "state": "x = 41",
+    "uses_state": "x + 1",
+    "file": "open('data.txt').read()",
+}
+
+
+@pytest.fixture(scope="module")
+def ran():
+    root = Path(__file__).resolve().parent.parent
+    program = Program([(i, name, source) for i, (name, source) in enumerate(CELLS.items())], {"data.txt": b"beside"})
+    fresh = Program([(0, "fresh", "x")])
+    small = Program([(0, "loud", "print('x' * 5000)\nimport sys; print('late', file=sys.stderr)\n0.5")])
+    with Pool(1, sandbox.probe(True, root), root, Limits(timeout=60)) as pool:
+        pool.submit("main", [program])
+        pool.submit("fresh", [fresh])
+        runs = dict(pool.result() for _ in range(2))
+        small_run = pool.workers[0].run(small, Limits(timeout=60, output=1000))
+    outputs = {name: runs["main"][0].cells[i].outputs for i, name in enumerate(CELLS)}
+    return outputs, runs["fresh"][0], small_run
+
+
+def _grade(outputs) -> float:
+    cell = nbformat.v4.new_code_cell("", outputs=[nbformat.from_dict(o) for o in outputs])
+    cell.metadata.nbgrader = {"grade": True, "solution": False, "locked": True, "points": 2, "grade_id": "t", "schema_version": 3}
+    return determine_grade(cell)[0]
+
+
+def test_streams_python_and_native(ran):
+    outputs = ran[0]
+    assert [(o["name"], o["text"]) for o in outputs["print"]] == [("stdout", "out\n"), ("stderr", "err\n")]
+    assert {o["name"]: o["text"] for o in outputs["fd_stderr"]} == {"stderr": "native\n", "stdout": "native out\n"}
+    assert _grade(outputs["fd_stderr"]) == 0 and _grade(outputs["warning"]) == 0  # stderr scores 0, as in nbgrader
+
+
+def test_results_and_partial_credit(ran):
+    outputs = ran[0]
+    assert outputs["result"][0]["output_type"] == "execute_result" and _grade(outputs["result"]) == 0.25
+    assert outputs["uses_state"][0]["data"]["text/plain"] == "42"
+    assert outputs["file"][0]["data"]["text/plain"] == "'beside'"
+
+
+def test_rich_outputs(ran):
+    outputs = ran[0]
+    assert outputs["html"][0]["data"]["text/html"] == "<b>bold</b>"
+    assert "image/png" in outputs["figure"][-1]["data"]
+
+
+def test_magics(ran):
+    outputs = ran[0]
+    text = "".join(o.get("text", "") for o in outputs["magics"])
+    assert "Wall time" in text and "shell" in text
+    assert outputs["cell_magic"] == []
+
+
+def test_errors_are_error_outputs_even_when_silenced(ran):
+    outputs = ran[0]
+    (error,) = outputs["error"]
+    traceback = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(error["traceback"]))
+    assert error["ename"] == "ZeroDivisionError" and "1 / 0" in traceback
+    assert [o["ename"] for o in outputs["silenced"] if o["output_type"] == "error"] == ["ValueError"]
+    assert _grade(outputs["silenced"]) == 0
+
+
+def test_every_notebook_starts_fresh(ran):
+    fresh = ran[1]
+    assert fresh.cells[0].outputs[0]["ename"] == "NameError"
+
+
+def test_cut_output_keeps_what_scores(ran):
+    small = ran[2]
+    outputs = small.cells[0].outputs
+    assert "truncated" in outputs[0]["text"] and len(outputs[0]["text"]) < 1200
+    assert [o["name"] for o in outputs if o["output_type"] == "stream"] == ["stdout", "stderr"]
+    assert _grade(outputs) == 0  # the stderr line still counts

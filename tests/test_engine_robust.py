@@ -1,0 +1,195 @@
+"""Broken and tampered notebooks, crashes, and a grader killed mid-run.
+
+Each problem stays with its own submission, is recorded with a clear reason and flagged
+for a person; tampered notebooks are repaired exactly as stock nbgrader repairs them;
+killing the grader leaves no partial records, and running it again grades only the rest.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbgrader.api import Gradebook
+
+from engine_course import clone, flagged, grade, rows, solutions, submit_notebook, with_answers
+from grading import Course
+
+pytestmark = pytest.mark.slow
+SLUG = "03_function_basics"
+
+
+def _cells(nb, grade_id):
+    return [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id]
+
+
+def _tampered(course: Course, model: dict) -> dict[str, nbformat.NotebookNode]:
+    def fresh():
+        return with_answers(course, SLUG, model)
+
+    deleted, retyped, duplicated, renamed = fresh(), fresh(), fresh(), fresh()
+    deleted.cells.remove(_cells(deleted, "check_linear")[0])
+    cell = _cells(retyped, "check_clipped_relu")[0]
+    cell.cell_type = "markdown"
+    del cell["outputs"], cell["execution_count"]
+    copy = nbformat.from_dict(json.loads(json.dumps(_cells(duplicated, "check_linear")[0])))
+    copy.id = "copied"
+    duplicated.cells.insert(duplicated.cells.index(_cells(duplicated, "check_linear")[0]), copy)
+    _cells(renamed, "check_linear_hidden")[0].metadata.nbgrader["grade_id"] = "my_renamed_check"
+    return {"t_deleted": deleted, "t_retyped": retyped, "t_duplicated": duplicated, "t_renamed": renamed}
+
+
+BROKEN = {
+    "b_invalid_json": '{"cells": [',
+    "b_wrong_nbformat": json.dumps({"nbformat": 99, "nbformat_minor": 0, "metadata": {}, "cells": []}),
+    "b_not_a_notebook": "[1, 2, 3]",
+}
+EXPECTED_FLAGS = {
+    "t_deleted": "'check_linear' was deleted",
+    "t_retyped": "changed from code to markdown",
+    "t_duplicated": "appears 2 times",
+    "t_renamed": "unknown grade_id 'my_renamed_check'",
+    "b_invalid_json": "not a readable notebook",
+    "b_wrong_nbformat": "not a readable notebook",
+    "b_not_a_notebook": "not a readable notebook",
+    "c_segfault": "segmentation fault",
+}
+
+
+@pytest.fixture(scope="module")
+def malformed(tmp_path_factory):
+    course = Course(tmp_path_factory.mktemp("malformed"), [SLUG])
+    model = solutions(SLUG)
+    course.submit("honest", SLUG, model)
+    tampered = _tampered(course, model)
+    for student, nb in tampered.items():
+        submit_notebook(course, student, SLUG, nb)
+    stock = clone(course, tmp_path_factory.mktemp("malformed-stock"))
+    stock.autograde(SLUG)  # fails on t_duplicated (nbgrader 0.9.6 cannot repair it), grades the rest
+    assert grade(course, SLUG, "--student", "honest").returncode == 0
+    before = rows(course)
+    for student, text in BROKEN.items():
+        submit_notebook(course, student, SLUG, text)
+    crash = model["clipped_relu"] + "\nimport ctypes\nctypes.string_at(0)"
+    submit_notebook(course, "c_segfault", SLUG, with_answers(course, SLUG, {**model, "clipped_relu": crash}))
+    result = grade(course, SLUG)
+    return course, stock, before, result
+
+
+def _status(course: Course) -> dict[str, dict]:
+    with open(course.root / "reports" / SLUG / "last-run.csv") as f:
+        return {row["student"]: row for row in csv.DictReader(f)}
+
+
+def test_each_problem_is_recorded_with_its_reason_and_flagged(malformed):
+    course, _, _, result = malformed
+    assert result.returncode == 0, result.stderr
+    status = _status(course)
+    for student, reason in EXPECTED_FLAGS.items():
+        assert reason in status[student]["problems"], (student, status[student])
+        assert status[student]["status"] in ("flagged", "failed")
+        is_flagged, needs_manual = flagged(course, SLUG, student)
+        assert is_flagged and all(needs_manual), student
+    assert "Flagged for manual review" in result.stderr
+
+
+def test_unreadable_notebooks_are_kept_as_they_came_and_score_zero(malformed):
+    course = malformed[0]
+    for student, text in BROKEN.items():
+        assert (course.root / "autograded" / student / SLUG / f"{SLUG}.ipynb.unreadable").read_text() == text
+        with Gradebook(course.db_url) as gb:
+            assert all(g.score == 0 for g in gb.find_submission_notebook(SLUG, SLUG, student).grades)
+
+
+def test_tampered_notebooks_are_repaired_and_scored_as_stock_nbgrader_does(malformed):
+    course, stock, _, _ = malformed
+    for student in ("t_deleted", "t_retyped"):
+        with Gradebook(course.db_url) as ours, Gradebook(stock.db_url) as theirs:
+            got = {g.name: g.auto_score for g in ours.find_submission_notebook(SLUG, SLUG, student).grades}
+            want = {g.name: g.auto_score for g in theirs.find_submission_notebook(SLUG, SLUG, student).grades}
+        assert got == want, student
+
+
+def test_what_nbgrader_cannot_repair_is_failed_with_the_reason(malformed):
+    """A duplicated or renamed graded cell: nbgrader 0.9.6 fails on these (KeyError 'grade_id')."""
+    course, stock = malformed[0], malformed[1]
+    for student in ("t_duplicated", "t_renamed"):
+        row = _status(course)[student]
+        assert row["status"] == "failed" and "nbgrader cannot repair" in row["problems"], row
+        with Gradebook(stock.db_url) as theirs:
+            assert all(g.auto_score is None for g in theirs.find_submission_notebook(SLUG, SLUG, student).grades)
+
+
+def test_a_crash_stays_with_its_submission(malformed):
+    course, _, before, _ = malformed
+    assert rows(course, exclude={p.name for p in (course.root / "submitted").iterdir() if p.name != "honest"}) == before
+
+
+def test_without_sandbox_it_warns_and_still_grades(tmp_path):
+    course = Course(tmp_path, [SLUG])
+    course.submit("honest", SLUG, solutions(SLUG))
+    result = grade(course, SLUG, "--no-sandbox")
+    assert result.returncode == 0
+    assert result.stderr.count("ISOLATION IS REDUCED") == 2  # before and after the summary
+    assert sum(course.scores(SLUG, "honest")[g][0] for g in course.scores(SLUG, "honest")) == 11
+
+
+def _complete(course: Course) -> dict[str, bool]:
+    """{student: every grade written} for the submissions the gradebook knows."""
+    with Gradebook(course.db_url) as gb:
+        return {
+            sub.student.id: all(g.auto_score is not None for nb in sub.notebooks for g in nb.grades)
+            for sub in gb.assignment_submissions(SLUG)
+        }
+
+
+def test_kill_and_resume(tmp_path):
+    course = Course(tmp_path, [SLUG])
+    model = solutions(SLUG)
+    students = [f"s{k:02d}" for k in range(10)]
+    for k, student in enumerate(students):
+        course.submit(student, SLUG, model if k % 2 == 0 else {**model, "linear": "raise NotImplementedError"})
+    command = [str(Path(sys.executable).with_name("autograder")), "grade", SLUG, "--jobs", "1"]
+    grader = subprocess.Popen(command, cwd=course.root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    autograded = course.root / "autograded"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and len(list(autograded.glob(f"*/{SLUG}"))) < 3:
+        time.sleep(0.05)
+    os.killpg(grader.pid, signal.SIGKILL)
+    grader.wait()
+
+    done = sorted(p.parent.name for p in autograded.glob(f"*/{SLUG}"))
+    assert 3 <= len(done) < len(students)
+    complete = _complete(course)
+    assert all(complete.values()), "a submission with partial records"  # written whole, or not at all
+    assert set(done) <= set(complete) and len(complete) <= len(done) + 1  # the gradebook commits before the move
+    before = {s: (autograded / s / SLUG / f"{SLUG}.ipynb").stat().st_mtime_ns for s in done}
+    deadline = time.monotonic() + 10  # the sandboxes die with the grader
+    while time.monotonic() < deadline and _sandbox_processes():
+        time.sleep(0.1)
+    assert not _sandbox_processes()
+
+    result = grade(course, SLUG)
+    assert result.returncode == 0, result.stderr
+    assert _complete(course) == {s: True for s in students}
+    assert {s: (autograded / s / SLUG / f"{SLUG}.ipynb").stat().st_mtime_ns for s in done} == before  # not regraded
+    status = {row["student"] for row in csv.DictReader(open(course.root / "reports" / SLUG / "last-run.csv"))}
+    assert status == set(students) - set(done)
+    for k, student in enumerate(students):
+        total = sum(score for score, _ in course.scores(SLUG, student).values())
+        assert total == (11 if k % 2 == 0 else 7), student
+
+    assert grade(course, SLUG, "--force").returncode == 0  # --force grades everything again
+    assert all((autograded / s / SLUG / f"{SLUG}.ipynb").stat().st_mtime_ns != t for s, t in before.items())
+
+
+def _sandbox_processes() -> list[str]:
+    ps = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True).stdout.splitlines()
+    return [line for line in ps if "autograder.engine.zygote" in line]
