@@ -117,10 +117,19 @@ def test_tampered_notebooks_are_repaired_and_scored_as_stock_nbgrader_does(malfo
         assert got == want, student
 
 
+def test_a_renamed_test_cell_runs_as_the_students_own_and_the_original_is_put_back(malformed):
+    """Stock nbgrader 0.9.6 fails on a renamed grade_id (KeyError 'grade_id')."""
+    course = malformed[0]
+    with Gradebook(course.db_url) as ours:
+        got = {g.name: g.auto_score for g in ours.find_submission_notebook(SLUG, SLUG, "t_renamed").grades}
+        honest = {g.name: g.auto_score for g in ours.find_submission_notebook(SLUG, SLUG, "t_deleted").grades}
+    assert got == honest and got["check_linear_hidden"] == 2
+
+
 def test_what_nbgrader_cannot_repair_is_failed_with_the_reason(malformed):
-    """A duplicated or renamed graded cell: nbgrader 0.9.6 fails on these (KeyError 'grade_id')."""
+    """A duplicated graded cell: nbgrader 0.9.6 fails on it (KeyError 'grade_id')."""
     course, stock = malformed[0], malformed[1]
-    for student in ("t_duplicated", "t_renamed"):
+    for student in ("t_duplicated",):
         row = _status(course)[student]
         assert row["status"] == "failed" and "nbgrader cannot repair" in row["problems"], row
         with Gradebook(stock.db_url) as theirs:

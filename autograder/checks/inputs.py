@@ -2,29 +2,31 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from typing import Iterator, Sequence
 
 import torch
 
-_fresh = False  # set while the grader re-runs checks: every check draws new inputs
+# Set while the grader re-runs checks: every check draws new inputs (per thread: the
+# grader judges several notebooks at once).
+_fresh = contextvars.ContextVar("fresh_inputs", default=False)
 
 
 def seed_of(seed: int | None) -> int:
     """The seed a check uses: `seed` (reproducible inputs, as in the visible checks), or a
     fresh one for `None` — and always a fresh one in `fresh_inputs()`."""
-    return torch.seed() if seed is None or _fresh else seed
+    return torch.seed() if seed is None or _fresh.get() else seed
 
 
 @contextlib.contextmanager
 def fresh_inputs() -> Iterator[None]:
     """Checks draw inputs nobody could have seen (the grader's trusted re-run), so code that
     recognises the visible checks' inputs gains nothing."""
-    global _fresh
-    saved, _fresh = _fresh, True
+    token = _fresh.set(True)
     try:
         yield
     finally:
-        _fresh = saved
+        _fresh.reset(token)
 
 
 def uniform(

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import builtins
 import importlib
+import os
 import sys
 import types
 from typing import Any
 
 import torch
+
+from . import probe
 
 # Modules (and classes) whose attributes student code must leave alone.
 WATCHED = [
@@ -34,14 +37,30 @@ def _watched() -> dict[str, Any]:
     found.update({name: module for name, module in sys.modules.items() if name.startswith("autograder.checks")
                   or name.startswith("autograder.exercises")})
     found.update({f"{c.__module__}.{c.__qualname__}": c for c in CLASSES})
+    found["autograder.checks.probe.PROCEDURES"] = probe.PROCEDURES  # what the grader's probes run
     return found
+
+
+def _contents(owner: Any) -> dict[str, Any]:
+    return owner if isinstance(owner, dict) else vars(owner)
+
+
+def _is_module(owner: Any) -> bool:
+    return isinstance(owner, types.ModuleType) and owner is not builtins
+
+
+def _torch_wrapped(now: Any, before: Any) -> bool:
+    """A wrapper of `before` whose code is torch's own (not a student's code that copied its name)."""
+    code = getattr(now, "__code__", None)
+    return getattr(now, "__wrapped__", None) is before and code is not None and os.path.realpath(
+        code.co_filename).startswith(os.path.dirname(os.path.realpath(torch.__file__)) + os.sep)
 
 
 def snapshot() -> None:
     """Remember the watched modules' attributes (call before student code runs)."""
     _saved.clear()
     for name, owner in _watched().items():
-        _saved[name] = dict(vars(owner))
+        _saved[name] = dict(_contents(owner))
 
 
 def restore() -> list[str]:
@@ -51,18 +70,24 @@ def restore() -> list[str]:
         before = _saved.get(name)
         if before is None:
             continue
-        now = vars(owner)
+        now = _contents(owner)
         for attr in sorted(set(before) | set(now)):
             if attr in before and attr in now and now[attr] is before[attr]:
                 continue
-            if attr in IGNORED or (attr.startswith("__") and attr.endswith("__") and owner is not builtins):
+            if attr in IGNORED or (attr.startswith("__") and attr.endswith("__") and _is_module(owner)):
                 continue  # bookkeeping (__warningregistry__, ...) that changes by itself
-            if attr not in before and isinstance(now[attr], types.ModuleType):
+            if attr not in before and isinstance(now[attr], types.ModuleType) and _is_module(owner):
                 continue  # importing a submodule adds it to its package
+            if attr in before and attr in now and _torch_wrapped(now[attr], before[attr]):
+                continue  # torch._dynamo, once loaded, wraps torch.manual_seed
             what = "replaced" if attr in before and attr in now else "added" if attr in now else "deleted"
             changes.append(f"{name}.{attr} was {what}")
             try:
-                if attr in before:
+                if isinstance(owner, dict) and attr in before:
+                    owner[attr] = before[attr]
+                elif isinstance(owner, dict):
+                    del owner[attr]
+                elif attr in before:
                     setattr(owner, attr, before[attr])
                 else:
                     delattr(owner, attr)

@@ -39,6 +39,17 @@ class Remote(probe.StudentProxy):
         return self._transport({"name": self.name, "procedure": procedure, "args": list(args)})
 
 
+@probe.procedure
+def resolve(obj: Any) -> dict:
+    """A name in the student's notebook: plain data is copied to the grader; anything else
+    stays where it is (and is reached through a `Remote`)."""
+    try:
+        wire.encode(obj)
+    except wire.WireError:
+        return {"data": False}
+    return {"data": True, "value": obj}
+
+
 def serve(namespace: dict, request: Any) -> Any:
     """Answer one request against the student's namespace (in the student's process).
 

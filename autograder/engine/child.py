@@ -2,9 +2,10 @@
 
 Requests arrive one at a time on the child's channel: "execute" runs one cell and
 replies with its outputs; "exit" ends the process. The grader sends each cell only when
-the previous one has finished, so code never sees cells that have not run yet. After
-the last cell the grader may send further requests (the next step: probes of the
-student's Functions, judged by the grader) before "exit".
+the previous one has finished, so code never sees cells that have not run yet. After a
+test cell the grader judges it itself: "restore" puts back what the notebook changed in
+the modules the checks rely on (and says what that was), then each "probe" asks for
+numbers from the student's objects (:mod:`autograder.checks.remote`).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any, Callable
 
 from IPython.core.interactiveshell import InteractiveShell
 
+from ..checks import integrity, remote, wire
 from . import confine, kernel
 from .limits import Limits
 from .protocol import Channel
@@ -35,7 +37,11 @@ def main(channel_fd: int, config: dict, limits: Limits, files: dict[str, bytes],
             channel.send({"op": "error", "message": traceback.format_exc(limit=3)})
             raise
         channel.send({"op": "ready", "landlock": landlock_abi, "uid": os.getuid()})
-        serve(channel, {"execute": lambda request, buffers: _execute(shell, request)})
+        serve(channel, {
+            "execute": lambda request, buffers: _execute(shell, request),
+            "restore": lambda request, buffers: ({"op": "restored", "changes": integrity.restore()}, []),
+            "probe": lambda request, buffers: _probe(shell, request, buffers),
+        })
     except BaseException:
         code = 70
     finally:
@@ -59,3 +65,12 @@ def _execute(shell: InteractiveShell, request: dict) -> tuple[dict[str, Any], li
     started = time.process_time()
     outputs, count = kernel.execute(shell, request["code"])
     return {"op": "executed", "outputs": outputs, "execution_count": count, "cpu": time.process_time() - started}, []
+
+
+def _probe(shell: InteractiveShell, request: dict, buffers: list[bytes]) -> tuple[dict[str, Any], list[bytes]]:
+    try:
+        answer, answer_buffers = remote.answer(shell.user_ns, request.get("request"), buffers)
+    except BaseException as error:  # sys.exit in a probed backward: an answer like any error
+        answer, answer_buffers = wire.encode({"error": f"{type(error).__name__}: {error}"})
+    kernel.RECORDER.take()  # what the student's code printed while probed belongs to no cell
+    return {"op": "answer", "answer": answer}, answer_buffers

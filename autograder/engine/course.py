@@ -15,6 +15,7 @@ from rich.console import Console
 from traitlets.config import Config
 from traitlets.config.loader import PyFileConfigLoader
 
+from ..verdicts import Judge
 from . import discover, feedback, report, results, speedups
 from .grade import GradingError, Options
 from .pool import Pool, Program
@@ -95,7 +96,7 @@ AHEAD = 2  # submissions prepared and queued per worker, so no worker waits for 
 
 def _grade_all(todo, known, coursedir, config, pool, writer, console) -> list[report.Outcome]:
     """Prepare, run and save, interleaved: one thread does all the trusted work in turn."""
-    preparer = Preparer(coursedir.db_url, coursedir.course_id, config)
+    preparer = Preparer(coursedir.db_url, coursedir.course_id, config, Path(coursedir.format_path(coursedir.release_directory, ".", ".")))
     waiting = iter(todo)
     running: dict[str, tuple[discover.Submission, list]] = {}  # key -> (submission, [(path, Prepared | reason)])
     outcomes = []
@@ -106,7 +107,9 @@ def _grade_all(todo, known, coursedir, config, pool, writer, console) -> list[re
                 items = _prepare(submission, known[submission.assignment], preparer, console)
                 running[submission.key] = (submission, items)
                 files = {name: path.read_bytes() for name, path in submission.extra_files.items()}
-                pool.submit(submission.key, [Program(p.code_cells(), files) for _, p in items if not isinstance(p, str)])
+                pool.submit(submission.key, [
+                    Program(p.code_cells(), files, Judge(p.nb.cells)) for _, p in items if not isinstance(p, str)
+                ])
             if not running:
                 return outcomes
             key, runs = pool.result()

@@ -6,6 +6,7 @@ up while this process loads nbgrader and prepares the first submissions.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +45,7 @@ class Summary:
 
 
 def grade(options: Options, console: Console | None = None) -> Summary:
-    console = console or Console(stderr=True)
+    console = console or Console(file=sys.stderr)  # fixed: judges capture sys.stderr while they run
     started = time.monotonic()
     isolation = sandbox.probe(options.sandbox, options.root)
     for warning in isolation.warnings():

@@ -10,12 +10,18 @@ written or none are: a grader killed mid-way leaves no partial records.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Iterator
 from unittest import mock
 
 from nbgrader.api import Gradebook
 from nbgrader.preprocessors import latesubmissions, saveautogrades
+from sqlalchemy.exc import SAWarning
 from sqlalchemy.orm import scoped_session, sessionmaker
+
+# nbgrader's add_submission links rows before it adds them to the session; SQLAlchemy 2
+# warns when it autoflushes in between (the rows are added right after: nothing is lost).
+warnings.filterwarnings("ignore", r"Object of type <Submitted\w+> not in session", SAWarning)
 
 _WRITING_MODULES = (saveautogrades, latesubmissions)  # nbgrader modules that open a Gradebook to write
 

@@ -19,9 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from typing import TYPE_CHECKING
+
 from . import sandbox
 from .limits import Limits
 from .protocol import Channel, ChannelClosed, ProtocolError
+
+if TYPE_CHECKING:  # torch loads in the grader only once the workers are warming up
+    from ..verdicts import Judge, Verdict
 
 STARTUP = 300.0  # seconds a worker may take to warm up (imports torch on a busy machine)
 GRACE = 5.0  # seconds a worker has to report a child's end
@@ -30,10 +35,12 @@ REPLY_SLACK = 1 << 20  # JSON framing around a notebook's outputs
 
 @dataclass
 class Program:
-    """One notebook to run: its code cells in order, and the files it expects beside it."""
+    """One notebook to run: its code cells in order, the files it expects beside it, and
+    the judge of its test cells (None: the notebook's own test outputs are the grade)."""
 
     cells: list[tuple[int, str, str]]  # (cell index in the notebook, label, source)
     files: dict[str, bytes] = field(default_factory=dict)
+    judge: Judge | None = None
 
 
 @dataclass
@@ -49,6 +56,8 @@ class Run:
     """What happened to one notebook."""
 
     cells: dict[int, Cell] = field(default_factory=dict)  # by cell index, for the cells that finished
+    verdicts: dict[int, Verdict] = field(default_factory=dict)  # trusted, by cell index
+    changed: list[str] = field(default_factory=list)  # what the notebook changed in the checks' modules
     failure: str | None = None  # why the notebook did not run to the end
     stopped_at: int | None = None  # index of the cell running when it stopped
     seconds: float = 0.0  # wall time, from fork to exit
@@ -129,6 +138,8 @@ class Worker:
         self.kill()
 
     def run(self, program: Program, limits: Limits) -> Run:
+        from .probes import Probes  # here: it loads torch, which the grader needs only now
+
         self._ensure_ready()
         run = Run()
         ours, theirs = socket.socketpair()
@@ -140,31 +151,39 @@ class Worker:
         )
         theirs.close()
         channel = Channel(ours, limit=limits.output + REPLY_SLACK)
-        where, ended = "while starting", False
+        where, ended, probes = "while starting", False, None
         try:
             hello, _, _ = channel.receive(timeout=max(deadline - time.monotonic(), 0.001))
             if hello.get("op") != "ready":
                 raise SetupError(str(hello.get("message", hello)).strip().splitlines()[-1])
+            probes = Probes(channel, limits.timeout)
+            spent = time.monotonic() - started  # the notebook's time: starting and running its cells, not judging
             for index, label, source in program.cells:
                 where = f"while running {label}"
                 channel.send({"op": "execute", "code": source})
                 sent = time.monotonic()
-                reply, _, _ = channel.receive(timeout=max(deadline - sent, 0.001))
+                reply, _, _ = channel.receive(timeout=max(limits.timeout - spent, 0.001))
+                spent += time.monotonic() - sent
                 outputs = reply.get("outputs")
                 if reply.get("op") != "executed" or not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
                     raise ProtocolError("a reply that is not a list of outputs")
-                if channel.received > limits.output + REPLY_SLACK:
+                if channel.received - probes.received > limits.output + REPLY_SLACK:
                     raise ProtocolError(f"more than {limits.output} bytes of output")
                 count, cpu = reply.get("execution_count"), reply.get("cpu")
                 run.cells[index] = Cell(
                     outputs, count if isinstance(count, int) else 0, time.monotonic() - sent,
                     float(cpu) if isinstance(cpu, (int, float)) else 0.0,
                 )
+                if program.judge is not None and program.judge.judges(index):
+                    where = f"while the grader checked {label}"
+                    probes.judge(program.judge, index, run)
             channel.send({"op": "exit"})
         except SetupError as error:
             run.failure, ended = f"the notebook could not be confined, so it was not run: {error}", True
         except TimeoutError:
             run.failure = f"stopped after {limits.timeout:g} s, the notebook's time limit, {where}"
+            if probes is not None and probes.lost is not None:
+                run.failure = f"stopped: the notebook's code did not answer the grader's checks within {limits.timeout:g} s ({where})"
         except ChannelClosed:
             run.failure, ended = f"the notebook's process ended {where}", True
         except (ProtocolError, OSError) as error:

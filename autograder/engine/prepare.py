@@ -3,7 +3,9 @@
 Repairs are nbgrader's own sanitizing preprocessors (outputs cleared, duplicated ids
 resolved, kernelspec, locked and test cells restored from the gradebook, deleted test
 cells put back). What they repair silently is reported here first: deleted, retyped,
-renamed or duplicated graded cells flag the notebook for a human to look at.
+renamed or duplicated graded cells flag the notebook for a human to look at, and so does
+code the student wrote that looks like an attempt to change how it is graded
+(:mod:`autograder.scan`).
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from nbgrader.converters import Autograde
 from nbgrader.nbgraderformat import ValidationError as MetadataError
 from nbgrader.preprocessors import OverwriteCells
 from traitlets.config import Config
+
+from ..scan import scan
 
 MAX_BYTES = 50 << 20  # a submitted notebook larger than this is not read
 QUIET = logging.getLogger("autograder.engine.nbgrader")  # nbgrader's warnings repeat ours less clearly
@@ -89,8 +93,9 @@ def tampering(nb: NotebookNode, gradebook: Gradebook, notebook: str, assignment:
 class Preparer:
     """Reads, checks and sanitizes the submitted notebooks of one course."""
 
-    def __init__(self, db_url: str, course_id: str, config: Config) -> None:
-        self.db_url, self.course_id = db_url, course_id
+    def __init__(self, db_url: str, course_id: str, config: Config, released: Path) -> None:
+        """`released`: the folder of released assignments (what students were given)."""
+        self.db_url, self.course_id, self.released = db_url, course_id, released
         # A deleted test cell is always put back: graded as missing, it would keep a stale score.
         self.sanitizers = [
             cls(config=config, log=QUIET, **({"add_missing_cells": True} if cls is OverwriteCells else {}))
@@ -103,6 +108,10 @@ class Preparer:
         nb = read(path)
         with Gradebook(self.db_url, self.course_id) as gradebook:
             flags = tampering(nb, gradebook, name, assignment)
+            known = {cell.name for cell in gradebook.find_notebook(name, assignment).source_cells}
+        for cell in nb.cells:  # a renamed cell is the student's own: it runs, ungraded
+            if cell.metadata.get("nbgrader", {}).get("grade_id") not in known:
+                cell.metadata.pop("nbgrader", None)
         resources = {"nbgrader": {"notebook": name, "assignment": assignment, "student": student, "db_url": self.db_url}}
         try:
             for sanitize in self.sanitizers:
@@ -110,4 +119,13 @@ class Preparer:
         except (MetadataError, RuntimeError, ValueError, KeyError) as error:  # as stock nbgrader fails on it
             reason = f"nbgrader cannot repair its cell metadata ({type(error).__name__}: {error})"
             raise Rejected("; ".join([*flags, reason])) from None
+        theirs = [c for c in nb.cells if utils.is_solution(c) or not (utils.is_locked(c) or utils.is_grade(c))]
+        flags += [f"worth a look: {finding}" for finding in scan(theirs, self._given(assignment, name))]
         return Prepared(name, nb, flags)
+
+    def _given(self, assignment: str, name: str) -> list:
+        """The released notebook's cells (without it, every line counts as the student's)."""
+        try:
+            return read(self.released / assignment / f"{name}.ipynb").cells
+        except (OSError, Rejected):
+            return []

@@ -1,0 +1,319 @@
+"""Red team: submissions that try to get points they have not earned.
+
+One course (notebook 03), graded with `autograder grade`. An honest and an honestly wrong
+student are graded first. Then each attacker submits a *wrong* ClippedReLU (its backward
+ignores grad_output) together with an attack meant to make the notebook's test cells pass
+anyway, and correct answers for the other exercises. Every attacker must get its honest
+score — 0 for ClippedReLU, full marks for what it answered correctly, 0 for what its own
+crash prevented — be flagged with a reason, and leave everyone else's grades unchanged.
+The sandbox attacks (memory and fork bombs, floods of output, network, reading and writing
+the course's files, SIGINT-ignoring loops) are in test_engine_attacks.py.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import textwrap
+
+import pytest
+import torch
+
+from engine_course import flagged, grade, rows, solutions, submit_notebook, with_answers
+from grading import Course
+
+pytestmark = pytest.mark.slow
+SLUG = "03_function_basics"
+FIRST = "clipped_relu"  # the answer cell that carries each attack
+CHEATED = ("check_clipped_relu", "check_clipped_relu_hidden")
+TIMEOUT = 20
+RIGHT = "grad_output * inside, None"
+WRONG = "inside.to(grad_output.dtype), None"  # backward ignores grad_output
+
+
+def _visible_inputs(model: str) -> list:
+    """The inputs the visible check gives ClippedReLU: what a student could record and hard-code."""
+    from autograder.exercises.function_basics import check_clipped_relu
+
+    namespace: dict = {"torch": torch}
+    exec(model, namespace)
+    seen = []
+
+    class Recording(namespace["ClippedReLU"]):
+        @staticmethod
+        def forward(ctx, x, clip):
+            if x.device.type == "cpu":
+                seen.append(x.detach().tolist())
+            return namespace["ClippedReLU"].forward(ctx, x, clip)
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        check_clipped_relu(Recording)
+    return seen
+
+
+# name -> (code after the wrong ClippedReLU, what the flag says, the exercises its own crash zeroes)
+ATTACKS = {
+    "compile_blanks_tests": ("""
+        import builtins
+        _compile = builtins.compile
+        def compile(source, *args, **kwargs):
+            if isinstance(source, str) and "check_" in source:
+                source = "pass"
+            return _compile(source, *args, **kwargs)
+        builtins.compile = compile
+    """, "builtins.compile was replaced", False),
+    "compile_strips_asserts": ("""
+        import ast, builtins
+        _compile = builtins.compile
+        class NoAsserts(ast.NodeTransformer):
+            def visit_Assert(self, node):
+                return ast.Pass()
+        def compile(source, filename, mode, flags=0, *args, **kwargs):
+            if isinstance(source, str) and not flags & ast.PyCF_ONLY_AST:
+                source = ast.fix_missing_locations(NoAsserts().visit(ast.parse(source)))
+            return _compile(source, filename, mode, flags, *args, **kwargs)
+        builtins.compile = compile
+    """, "builtins.compile was replaced", False),
+    "input_transformer": ("""
+        get_ipython().input_transformers_post.append(
+            lambda lines: ["pass\\n"] if any("check_" in line for line in lines) else lines)
+    """, "tampering suspected: the test cell 'check_clipped_relu' showed 2", False),
+    "ast_transformer": ("""
+        import ast
+        class Blank(ast.NodeTransformer):
+            def visit_Module(self, node):
+                if "check_" in ast.unparse(node):
+                    node.body = [ast.Pass()]
+                return node
+        get_ipython().ast_transformers.append(Blank())
+    """, "tampering suspected: the test cell 'check_clipped_relu' showed 2", False),
+    "patch_gradcheck_and_comparisons": ("""
+        import torch
+        torch.autograd.gradcheck = torch.autograd.gradgradcheck = lambda *args, **kwargs: True
+        torch.allclose = torch.equal = lambda *args, **kwargs: True
+        torch.Tensor.allclose = lambda *args, **kwargs: True
+        torch.testing.assert_close = lambda *args, **kwargs: None
+    """, "torch.autograd.gradcheck was replaced", False),
+    "patch_tensor_methods": ("""
+        import torch
+        torch.Tensor.__sub__ = lambda self, other: torch.zeros_like(self)
+        torch.Tensor.abs = lambda self: torch.zeros_like(self)
+    """, "tampering suspected: the notebook changed what the checks rely on", False),
+    "patch_course_checks": ("""
+        import autograder.exercises.function_basics as basics
+        import autograder.checks.functions as functions
+        basics.check_clipped_relu = lambda *args, **kwargs: print("✔ all good")
+        functions.check_function = lambda *args, **kwargs: None
+    """, "autograder.exercises.function_basics.check_clipped_relu was replaced", False),
+    "patch_check_failures": ("""
+        import autograder.checks.report as report
+        report.CheckFailed = type("CheckFailed", (BaseException,), {{}})
+        report.fail = lambda *args, **kwargs: None
+    """, "was replaced", False),
+    "forge_probe_answers": ("""
+        import autograder.checks.probe as probe
+        for key in list(probe.PROCEDURES):
+            probe.PROCEDURES[key] = lambda *args, **kwargs: 0.0
+    """, "tampering suspected", False),
+    "custom_exception_handler": ("""
+        get_ipython().set_custom_exc((BaseException,), lambda shell, etype, evalue, tb, tb_offset=None: None)
+    """, "changes how IPython runs cells", False),
+    "silent_tracebacks": ("""
+        get_ipython().showtraceback = lambda *args, **kwargs: None
+        get_ipython()._showtraceback = lambda *args, **kwargs: None
+    """, "changes how IPython runs cells", False),
+    "hardcoded_visible_outputs": ("""
+        SEEN = {seen!r}
+        _wrong_backward = ClippedReLU.backward
+        def backward(ctx, grad_output):
+            (x,) = ctx.saved_tensors
+            if x.device.type == "meta" or x.detach().tolist() in SEEN:
+                inside = (x > 0) & (x < ctx.clip)
+                return grad_output * inside, None
+            return _wrong_backward(ctx, grad_output)
+        ClippedReLU.backward = staticmethod(backward)
+    """, "tampering suspected: the test cell 'check_clipped_relu' showed 2", False),
+    "autograd_in_backward": ("""
+        def backward(ctx, grad_output):
+            (x,) = ctx.saved_tensors
+            with torch.enable_grad():
+                x = x.detach().requires_grad_()
+                (grad,) = torch.autograd.grad(x.clamp(0, ctx.clip), x, grad_output)
+            return grad, None
+        ClippedReLU.backward = staticmethod(backward)
+    """, "asks autograd for the gradient inside backward", False),
+    "exit_when_probed": ("""
+        import os, sys
+        def backward(ctx, grad_output):
+            (x,) = ctx.saved_tensors
+            frame = sys._getframe()
+            while frame is not None:
+                if frame.f_code.co_filename.endswith("remote.py"):
+                    os._exit(0)  # called by the grader's probes, not by the notebook's tests
+                frame = frame.f_back
+            inside = (x > 0) & (x < ctx.clip)
+            return grad_output * inside, None
+        ClippedReLU.backward = staticmethod(backward)
+    """, "the notebook's process ended while the grader checked", True),
+    "hang_when_probed": ("""
+        import sys
+        def backward(ctx, grad_output):
+            (x,) = ctx.saved_tensors
+            probed = False
+            frame = sys._getframe()
+            while frame is not None:
+                probed = probed or frame.f_code.co_filename.endswith("remote.py")
+                frame = frame.f_back
+            while probed:
+                pass  # called by the grader's probes, not by the notebook's tests
+            inside = (x > 0) & (x < ctx.clip)
+            return grad_output * inside, None
+        ClippedReLU.backward = staticmethod(backward)
+    """, "while the grader checked", True),
+    "sys_exit": ("""
+        import sys
+        sys.exit(0)
+    """, "controls processes or signals", False),
+    "os_exit": ("""
+        import os
+        os._exit(0)
+    """, "exited with code 0", True),
+    "sigkill_self": ("""
+        import os, signal
+        os.kill(os.getpid(), signal.SIGKILL)
+    """, "killed (SIGKILL)", True),
+    "read_hidden_tests_and_gradebook": ("""
+        import glob, os
+        for pattern in ["{root}/gradebook.db", "{root}/solutions/*/*.ipynb", "{root}/source/*/*.ipynb",
+                        "/proc/*/cwd/gradebook.db", os.path.expanduser("~/../*/*.ipynb")]:
+            for path in glob.glob(pattern) or [pattern]:
+                try:
+                    print("READ", path, len(open(path, "rb").read()))
+                except OSError as error:
+                    print("denied", path, type(error).__name__)
+    """, "mentions the grader's files", False),
+    "write_gradebook_and_others": ("""
+        import sqlite3
+        for path in ["{root}/gradebook.db", "{root}/submitted/honest/{slug}/{slug}.ipynb",
+                     "{root}/autograded/honest/{slug}/{slug}.ipynb"]:
+            try:
+                with open(path, "a") as f:
+                    f.write("pwned")
+                print("WROTE", path)
+            except OSError as error:
+                print("denied", path, type(error).__name__)
+        try:
+            sqlite3.connect("{root}/gradebook.db").execute("update grade set auto_score = 99")
+            print("WROTE gradebook")
+        except sqlite3.Error as error:
+            print("denied sqlite", type(error).__name__)
+    """, "reads or writes files", False),
+    "plant_files": ("""
+        import os
+        for path in ["planted.py", os.path.expanduser("~/planted.py"), "/tmp/planted.py"]:
+            try:
+                with open(path, "w") as f:
+                    f.write("import torch; torch.autograd.gradcheck = lambda *a, **k: True")
+                print("planted", path)
+            except OSError as error:
+                print("denied", path, type(error).__name__)
+    """, "reads or writes files", False),
+}
+# Attacks on the notebook's structure, made on the notebook itself: (how, what the flag says).
+STRUCTURE = {
+    "deleted_test_cells": ("delete", "the graded cell 'check_clipped_relu' was deleted"),
+    "retyped_test_cell": ("retype", "was changed from code to markdown"),
+    "renamed_grade_id": ("rename", "unknown grade_id 'check_clipped_relu_mine'"),
+}
+
+
+def _structure_attack(nb, how: str):
+    kept = []
+    for cell in nb.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id in CHEATED:
+            if how == "delete":
+                continue
+            if how == "retype":
+                cell.cell_type, cell.source = "markdown", "(no test here)"
+                cell.pop("outputs", None)
+                cell.pop("execution_count", None)
+            if how == "rename":
+                cell.metadata.nbgrader["grade_id"] = f"{grade_id}_mine"
+                cell.source = "print('✔ passed')"
+        kept.append(cell)
+    nb.cells = kept
+    return nb
+
+
+def _scores(course: Course, student: str) -> dict[str, float]:
+    from nbgrader.api import Gradebook
+
+    with Gradebook(course.db_url) as gb:
+        return {g.name: g.score for g in gb.find_submission_notebook(SLUG, SLUG, student).grades}
+
+
+def _comments(course: Course, student: str) -> str:
+    """Everything the autograded notebook says at its top (the reasons it was flagged)."""
+    import nbformat
+
+    nb = nbformat.read(course.root / "autograded" / student / SLUG / f"{SLUG}.ipynb", as_version=4)
+    return nb.cells[0].source
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    course = Course(tmp_path_factory.mktemp("red_team"), [SLUG])
+    model = solutions(SLUG)
+    assert RIGHT in model[FIRST]
+    wrong = model[FIRST].replace(RIGHT, WRONG)
+    course.submit("honest", SLUG, model)
+    course.submit("honest_wrong", SLUG, {**model, FIRST: wrong})
+    assert grade(course, SLUG).returncode == 0
+    before = rows(course)
+
+    fill = {"root": course.root, "slug": SLUG, "seen": _visible_inputs(model[FIRST])}
+    for name, (code, _, _) in ATTACKS.items():
+        attack = wrong + "\n\n" + textwrap.dedent(code).format(**fill)
+        submit_notebook(course, f"a_{name}", SLUG, with_answers(course, SLUG, {**model, FIRST: attack}))
+    for name, (how, _) in STRUCTURE.items():
+        nb = _structure_attack(with_answers(course, SLUG, {**model, FIRST: wrong}), how)
+        submit_notebook(course, f"a_{name}", SLUG, nb)
+    course.submit("z_victim", SLUG, model)  # after the attackers, on the same warm workers
+    result = grade(course, SLUG, "--timeout", str(TIMEOUT))
+    return course, before, result
+
+
+def test_everyone_else_is_untouched(graded):
+    course, before, result = graded
+    assert result.returncode == 0, result.stderr
+    assert rows(course, exclude={p.name for p in (course.root / "submitted").iterdir() if p.name.startswith(("a_", "z_"))}) == before
+
+
+def test_honest_scores_to_compare_with(graded):
+    course = graded[0]
+    honest, wrong = _scores(course, "honest"), _scores(course, "honest_wrong")
+    assert sum(honest.values()) == 11 and all(wrong[c] == 0 for c in CHEATED)
+    assert _scores(course, "z_victim") == honest and not flagged(course, SLUG, "z_victim")[0]
+
+
+@pytest.mark.parametrize("attack", list(ATTACKS))
+def test_attack_gets_its_honest_score_and_is_flagged(graded, attack):
+    course = graded[0]
+    _, reason, crashes = ATTACKS[attack]
+    student = f"a_{attack}"
+    scores = _scores(course, student)
+    assert all(scores[c] == 0 for c in CHEATED), scores
+    later = {k: v for k, v in scores.items() if k not in CHEATED}
+    assert later == ({k: 0 for k in later} if crashes else {k: v for k, v in _scores(course, "honest").items() if k in later})
+    assert flagged(course, SLUG, student)[0]
+    assert reason.lower() in _comments(course, student).lower()
+
+
+@pytest.mark.parametrize("attack", list(STRUCTURE))
+def test_structure_attack_is_repaired_scored_honestly_and_flagged(graded, attack):
+    course = graded[0]
+    student = f"a_{attack}"
+    scores = _scores(course, student)
+    assert all(scores[c] == 0 for c in CHEATED), scores
+    assert flagged(course, SLUG, student)[0]
+    assert STRUCTURE[attack][1].lower() in _comments(course, student).lower()
