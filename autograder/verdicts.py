@@ -1,8 +1,8 @@
 """Trusted verdicts: a notebook's graded test cells, run again where student code never runs.
 
-The grader executes each graded cell's source (the instructor's, restored from the
-gradebook) in its own process, with fresh random inputs even where the visible checks use
-fixed ones. Names the cell does not define itself — the student's
+The grader executes each test cell's source (the instructor's, restored from the
+gradebook) in its own process, right after the cell ran in the student's process
+(`Judge`), with fresh random inputs even where the visible checks use fixed ones. Names the cell does not define itself — the student's
 `ClippedReLU`, `grad`, `when_to_write` — resolve to the student's process: plain data is
 copied over, anything else becomes a `Remote` proxy, so the checks choose fresh inputs,
 ask for numbers only, and decide here. Scoring follows nbgrader: an exception scores 0, a
@@ -110,45 +110,49 @@ def verdicts(cells: list, transport: Transport) -> list[Verdict]:
     return [v for index in judge.tests if (v := judge.judge(index, transport)) is not None]
 
 
-class _ThreadOutput(io.TextIOBase):
-    """sys.stdout or sys.stderr while verdicts are being judged: what a judging thread writes
-    goes to that thread's buffer, anything else where it went before. (contextlib's
-    redirect_stdout swaps the stream for every thread at once; the grader judges
-    several notebooks at once.)"""
+class _Captured:
+    """What checks print while they judge, kept per thread: the grader judges several
+    notebooks at once, and contextlib's redirect_stdout would swap sys.stdout for all
+    threads. While any thread judges, sys.stdout and sys.stderr route each thread's writes
+    to its own buffer, and other threads' writes where they went before."""
 
-    def __init__(self, original) -> None:
-        self.original = original
+    def __init__(self) -> None:
+        self.lock, self.users, self.saved = threading.Lock(), 0, (None, None)
+        self.local = threading.local()
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[io.StringIO]:
+        with self.lock:
+            if self.users == 0:
+                self.saved = sys.stdout, sys.stderr
+                sys.stdout, sys.stderr = _Routed(self, sys.stdout), _Routed(self, sys.stderr)
+            self.users += 1
+        self.local.buffer = io.StringIO()
+        try:
+            yield self.local.buffer
+        finally:
+            self.local.buffer = None
+            with self.lock:
+                self.users -= 1
+                if self.users == 0:
+                    sys.stdout, sys.stderr = self.saved
+
+
+class _Routed(io.TextIOBase):
+    def __init__(self, captured: _Captured, original) -> None:
+        self.captured, self.original = captured, original
 
     def writable(self) -> bool:
         return True
 
     def write(self, text: str) -> int:
-        return (getattr(_judging, "buffer", None) or self.original).write(text)
+        return (getattr(self.captured.local, "buffer", None) or self.original).write(text)
 
     def flush(self) -> None:
         self.original.flush()
 
 
-_judging = threading.local()
-_installed = {"count": 0, "lock": threading.Lock(), "streams": None}
-
-
-@contextlib.contextmanager
-def _captured() -> Iterator[io.StringIO]:
-    with _installed["lock"]:
-        if _installed["count"] == 0:
-            _installed["streams"] = sys.stdout, sys.stderr
-            sys.stdout, sys.stderr = _ThreadOutput(sys.stdout), _ThreadOutput(sys.stderr)
-        _installed["count"] += 1
-    _judging.buffer = io.StringIO()
-    try:
-        yield _judging.buffer
-    finally:
-        _judging.buffer = None
-        with _installed["lock"]:
-            _installed["count"] -= 1
-            if _installed["count"] == 0:
-                sys.stdout, sys.stderr = _installed["streams"]
+_captured = _Captured()
 
 
 def verdict(grade_id: str, source: str, max_score: float, names: StudentNames) -> Verdict:

@@ -273,3 +273,24 @@ def test_no_process_outlives_grading(attacked):
             if (uid.startswith("655") or "autograder.engine.zygote" in args or args.startswith("bwrap"))
             and not graded_by_someone(pid)]
     assert not ours
+
+
+REASONS = {  # what the flag of each attacker says
+    "memory_bomb": "of its memory limit",
+    "fork_bomb": "controls processes or signals",
+    "sigint_ignoring_loop": "time limit",
+    "huge_output": "was cut",
+    "network": "opens network connections",
+    "read_secrets": "reads or writes files",
+    "write_outside": "reads or writes files",
+    "kill_the_grader": "controls processes or signals",
+    "exits": "exited with code 0",
+    BACKWARD_LOOP: "time limit",
+}
+
+
+@pytest.mark.parametrize("attack", list(REASONS))
+def test_every_attacker_is_flagged_with_the_reason(attacked, attack):
+    course = attacked[0]
+    assert flagged(course, SLUG, f"a_{attack}")[0]
+    assert REASONS[attack] in notebook(course, "autograded", f"a_{attack}", SLUG).cells[0].source

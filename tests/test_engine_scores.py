@@ -19,7 +19,7 @@ from nbgrader.api import Gradebook
 
 from answers import for_notebook
 from autograder import authoring
-from engine_course import clone, grade, solutions
+from engine_course import clone, grade, notebook, solutions
 from grading import Course
 from test_grading import _packed
 
@@ -54,17 +54,36 @@ def both(request, tmp_path_factory):
     return slug, stock, engine, graded
 
 
+def _flags(slug: str) -> dict[str, list[str]]:
+    """{student: why the engine flags their honest submission}: answers that are wrong in a
+    way worth a person's look (a backward that asks autograd), nobody else."""
+    module = for_notebook(slug)
+    return {
+        sub.student: [a.flag for a in sub.answers.values() if a.flag]
+        for sub in [*_packed("wrong", module.MUTANTS, True), *_packed("right", module.VARIANTS, False)]
+        if any(a.flag for a in sub.answers.values())
+    }
+
+
 def test_scores_are_stock_nbgraders(both):
+    """The same points on every cell; a flag asks for a person (needs_manual_grade) where stock nbgrader does not."""
     slug, stock, engine, _ = both
     expected, got = _scores(stock, slug), _scores(engine, slug)
-    assert expected and got == expected
+    flags = _flags(slug)
+    assert expected and {k: v[:2] for k, v in got.items()} == {k: v[:2] for k, v in expected.items()}
+    assert {k: v[2] for k, v in got.items() if k[0] not in flags} == {k: v[2] for k, v in expected.items() if k[0] not in flags}
 
 
-def test_nothing_is_flagged(both):
+def test_only_answers_worth_a_look_are_flagged(both):
     slug, _, engine, graded = both
+    flags = _flags(slug)
     with Gradebook(engine.db_url) as gb:
-        assert not any(nb.flagged for sub in gb.assignment_submissions(slug) for nb in sub.notebooks)
-    assert "Flagged for manual review" not in graded.stderr
+        flagged = {sub.student.id for sub in gb.assignment_submissions(slug) for nb in sub.notebooks if nb.flagged}
+    assert flagged == set(flags)
+    for student, reasons in flags.items():
+        top = notebook(engine, "autograded", student, slug).cells[0].source.lower()
+        assert all("worth a look" in top and reason.lower() in top for reason in reasons), top
+    assert ("Flagged for manual review" in graded.stderr) == bool(flags)
 
 
 def test_feedback_has_scores_and_no_hidden_tests(both):

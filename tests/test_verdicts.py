@@ -9,7 +9,7 @@ import pytest
 from answers import for_notebook
 from autograder import authoring
 from autograder.checks.remote import RemoteError, loopback
-from autograder.verdicts import StudentNames, is_test_cell, run_cell, verdicts
+from autograder.verdicts import Judge, StudentNames, is_test_cell, run_cell, verdicts
 from grading import exercises, namespace
 
 SLUGS = authoring.assignments()
@@ -69,3 +69,20 @@ def test_names_resolve_to_data_or_proxies():
     assert repr(names["Fn"]) == "<the student's Fn>"
     with pytest.raises(RemoteError, match="name 'missing' is not defined"):
         names["missing"]
+
+
+def test_each_cell_is_judged_with_the_students_names_as_they_are_then():
+    """A test cell sees what the student's cells defined before it, not after; names the
+    test cells define themselves are kept for the next test cell."""
+    graded = {"grade": True, "grade_id": "check", "points": 1, "locked": True}
+    cells = [
+        nbformat.v4.new_code_cell("answer = 1", metadata={"nbgrader": {"solution": True, "grade_id": "a"}}),
+        nbformat.v4.new_code_cell("expected = 1\nassert answer == expected", metadata={"nbgrader": graded}),
+        nbformat.v4.new_code_cell("assert answer == expected + 1", metadata={"nbgrader": {**graded, "grade_id": "check2"}}),
+    ]
+    ns = {"answer": 1}
+    judge = Judge(cells)
+    assert [i for i in range(3) if judge.judges(i)] == [1, 2]
+    assert judge.judge(1, loopback(ns)).score == 1
+    ns["answer"] = 2  # the student's later cell changes it
+    assert judge.judge(2, loopback(ns)).score == 1

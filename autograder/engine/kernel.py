@@ -19,6 +19,8 @@ from IPython.core.displayhook import DisplayHook
 from IPython.core.displaypub import DisplayPublisher
 from IPython.core.interactiveshell import InteractiveShell
 
+from .limits import TRUNCATED
+
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 KEPT = 1024  # characters of a result or error name kept past the output budget
 NO_TRACEBACK = ["ERROR: An error occurred while showtraceback was disabled"]  # nbgrader's text
@@ -47,7 +49,7 @@ class Recorder:
             self.budget -= size
             return text
         kept, self.budget = text[: max(self.budget, 0)], 0
-        return kept + "\n[output truncated: the notebook's output limit was reached]\n"
+        return f"{kept}\n{TRUNCATED}\n"
 
     def _append(self, output: dict[str, Any]) -> None:
         if self._clear_pending:
@@ -61,7 +63,7 @@ class Recorder:
         self.drain()  # what reached fds 1 and 2 before this write comes first
         last = self.outputs[-1] if self.outputs and not self._clear_pending else None
         if last is not None and last["output_type"] == "stream" and last["name"] == name:
-            if not last["text"].endswith("truncated: the notebook's output limit was reached]\n"):
+            if not last["text"].endswith(f"{TRUNCATED}\n"):
                 last["text"] += self._spend(text)
         else:
             self._append({"output_type": "stream", "name": name, "text": self._spend(text)})

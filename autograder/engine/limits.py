@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+TRUNCATED = "[output truncated: the notebook's output limit was reached]"  # where output was cut
+
 
 @dataclass(frozen=True)
 class Limits:

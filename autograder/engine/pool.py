@@ -7,6 +7,7 @@ the failure of that one notebook.
 """
 from __future__ import annotations
 
+import json
 import os
 import queue
 import shutil
@@ -22,7 +23,7 @@ from typing import Any
 from typing import TYPE_CHECKING
 
 from . import sandbox
-from .limits import Limits
+from .limits import TRUNCATED, Limits
 from .protocol import Channel, ChannelClosed, ProtocolError
 
 if TYPE_CHECKING:  # torch loads in the grader only once the workers are warming up
@@ -58,6 +59,7 @@ class Run:
     cells: dict[int, Cell] = field(default_factory=dict)  # by cell index, for the cells that finished
     verdicts: dict[int, Verdict] = field(default_factory=dict)  # trusted, by cell index
     changed: list[str] = field(default_factory=list)  # what the notebook changed in the checks' modules
+    limits_reached: list[str] = field(default_factory=list)  # limits it ran into, though it ran on
     failure: str | None = None  # why the notebook did not run to the end
     stopped_at: int | None = None  # index of the cell running when it stopped
     seconds: float = 0.0  # wall time, from fork to exit
@@ -207,6 +209,11 @@ class Worker:
             return
         run.seconds = time.monotonic() - started
         run.cpu, run.maxrss = float(report.get("cpu", 0)), int(report.get("maxrss", 0))
+        if any(TRUNCATED in json.dumps(cell.outputs) for cell in run.cells.values()):
+            run.limits_reached.append(f"its output reached the limit of {limits.output >> 20} MiB and was cut")
+        used = (run.maxrss - int(report.get("worker_maxrss", 0))) >> 10  # MiB beyond the warm worker's
+        if used > limits.memory // 2:
+            run.limits_reached.append(f"it used {used} MiB, more than half of its memory limit of {limits.memory} MiB")
         if explain_exit and isinstance(report.get("code"), int):
             run.failure += f": {_exit_reason(report['code'], limits)}"
 

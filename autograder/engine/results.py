@@ -53,7 +53,7 @@ def graded(prepared: Prepared, run: Run, path: Path) -> NotebookResult:
     except (nbformat.ValidationError, AttributeError, TypeError) as error:  # outputs are not nbformat's
         nb = copy.deepcopy(prepared.nb)
         run.failure, run.stopped_at = f"the notebook's process returned invalid outputs ({error})", None
-    problems += _tampering(nb, run)
+    problems += _tampering(nb, run) + run.limits_reached
     if run.failure:
         problems.append(run.failure)
         _mark_stopped(nb, run)

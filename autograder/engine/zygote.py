@@ -13,6 +13,7 @@ import gc
 import importlib
 import os
 import pkgutil
+import resource
 import select
 import signal
 import socket
@@ -99,6 +100,7 @@ def _run(control: Channel, config: dict, message: dict, buffers: list[bytes], fd
         "code": os.waitstatus_to_exitcode(status),
         "cpu": usage.ru_utime + usage.ru_stime,
         "maxrss": usage.ru_maxrss,
+        "worker_maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,  # what the child started with
     })
 
 

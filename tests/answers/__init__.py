@@ -16,6 +16,7 @@ class Answer:
     label: str  # the student's mistake, or what is unusual about a correct answer
     edits: tuple[tuple[str, str], ...] = ()  # (old, new) replacements in the model solution
     source: str | None = None  # or the whole cell
+    flag: str | None = None  # why `autograder grade` flags it for a person (honest, yet worth a look)
 
     def apply(self, solution: str) -> str:
         if self.source is not None:
@@ -27,8 +28,8 @@ class Answer:
         return solution
 
 
-def wrong(exercise: str, label: str, *edits: tuple[str, str], source: str | None = None) -> Answer:
-    return Answer(exercise, label, tuple(edits), source)
+def wrong(exercise: str, label: str, *edits: tuple[str, str], source: str | None = None, flag: str | None = None) -> Answer:
+    return Answer(exercise, label, tuple(edits), source, flag)
 
 
 right = wrong

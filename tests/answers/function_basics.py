@@ -27,7 +27,7 @@ class ClippedReLU(torch.autograd.Function):
             x = x.detach().requires_grad_()
             (grad_x,) = torch.autograd.grad(x.clamp(0, ctx.clip), x, grad_output)
         return grad_x, None
-'''),
+''', flag="asks autograd for the gradient inside backward"),
     wrong("linear", "ignores needs_input_grad",
           ("if ctx.needs_input_grad[0]:\n", "if True:\n"), ("if ctx.needs_input_grad[1]:\n", "if True:\n")),
     wrong("linear", "transposed weight gradient",

@@ -16,7 +16,8 @@ MUTANTS = [
            "with torch.enable_grad():\n"
            "            t = x.detach().requires_grad_()\n"
            "            (slope,) = torch.autograd.grad(F.gelu(t, approximate='tanh').sum(), t)\n"
-           "        return grad_output * slope")),
+           "        return grad_output * slope"),
+          flag="asks autograd for the gradient inside backward"),
     # 4.2 BatchedMatmul
     wrong("batched_matmul", ".T (all dims reversed) instead of .mT",
           ("return grad_output @ b.mT, a.mT @ grad_output", "return grad_output @ b.T, a.T @ grad_output")),

@@ -1,0 +1,61 @@
+"""Putting back what student code changed in the modules the checks rely on."""
+from __future__ import annotations
+
+import builtins
+import functools
+
+import pytest
+import torch
+
+import autograder.exercises.function_basics as basics
+from autograder.checks import integrity, probe
+
+
+@pytest.fixture
+def watched():
+    integrity.snapshot()
+    yield
+    integrity.restore()
+
+
+def test_nothing_changed_nothing_reported(watched):
+    torch.randn(3).sum()
+    assert integrity.restore() == []
+
+
+def test_replaced_functions_are_put_back_and_reported(watched):
+    allclose, compile_ = torch.allclose, builtins.compile
+    torch.allclose = lambda *args, **kwargs: True
+    builtins.compile = lambda *args, **kwargs: None
+    changes = integrity.restore()
+    assert "torch.allclose was replaced" in changes and "builtins.compile was replaced" in changes
+    assert torch.allclose is allclose and builtins.compile is compile_
+
+
+def test_a_wrapper_that_copies_the_name_is_still_a_replacement(watched):
+    grad = torch.autograd.grad
+    torch.autograd.grad = functools.wraps(grad)(lambda *args, **kwargs: None)
+    assert integrity.restore() == ["torch.autograd.grad was replaced"]
+    assert torch.autograd.grad is grad
+
+
+def test_tensor_methods_and_operators_added_are_removed(watched):
+    torch.Tensor.__sub__ = lambda self, other: self
+    torch.Tensor.abs = lambda self: self
+    changes = integrity.restore()
+    assert any("__sub__ was added" in c for c in changes) and any(".abs was added" in c for c in changes)
+    assert (torch.ones(2) - torch.ones(2)).sum() == 0 and torch.tensor([-1.0]).abs().item() == 1.0
+
+
+def test_probe_procedures_replaced_in_place_are_put_back(watched):
+    key, original = next(iter(probe.PROCEDURES.items()))
+    probe.PROCEDURES[key] = lambda *args: 0.0
+    assert integrity.restore() == [f"autograder.checks.probe.PROCEDURES.{key} was replaced"]
+    assert probe.PROCEDURES[key] is original
+
+
+def test_course_checks_replaced_are_put_back(watched):
+    check = basics.check_clipped_relu
+    basics.check_clipped_relu = lambda *args, **kwargs: None
+    assert integrity.restore() == ["autograder.exercises.function_basics.check_clipped_relu was replaced"]
+    assert basics.check_clipped_relu is check
