@@ -27,9 +27,11 @@ release: $(STAMP)
 autograde: $(STAMP) system-tools
 	$(BIN)/autograder grade $(ARGS)
 
-# Stock `nbgrader autograde` against `autograder grade` on the same generated submissions.
+# Stock `nbgrader autograde` against `autograder grade` on the same generated submissions
+# (ARGS go to it, e.g. ARGS="--submissions 90"), then each notebook's Run-All time.
 bench: $(STAMP) system-tools
 	$(BIN)/python bench/stock_vs_engine.py $(ARGS)
+	$(BIN)/python bench/run_all.py
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || { \
