@@ -215,3 +215,49 @@ def test_answers_check_the_form_then_the_key():
     assert check_answers({"a": "composite", "b": "composite"}, choices, questions, key=key, points=3) == 1.5
     with pytest.raises(CheckFailed, match="1 of 2 answers are wrong"):
         check_answers({"a": "composite", "b": "composite"}, choices, questions, key=key)
+
+
+def _remote_finite_differences(fn, args, names):
+    """The grader's own finite differences of a Function answering through the wire."""
+    from autograder.checks.functions import _finite_differences
+    from autograder.checks.remote import Remote, loopback
+
+    spec = FunctionSpec(name="Scale", reference=lambda x, w: x * w, cases=lambda g: [args])
+    _finite_differences(Remote("fn", loopback({"fn": fn})), spec, args, names, torch.Generator().manual_seed(0))
+
+
+def _scale(backward):
+    """Mul (x * w) with another backward."""
+    from autograder.exercises.save_for_backward import Mul
+
+    class Scale(Mul):
+        @staticmethod
+        def backward(ctx, grad_output):
+            return backward(grad_output, *ctx.saved_tensors)
+
+    return Scale
+
+
+SCALE_ARGS = (torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64, requires_grad=True),
+              torch.tensor([1.5, 0.25, -3.0], dtype=torch.float64, requires_grad=True))
+
+
+def test_the_graders_finite_differences_accept_a_right_backward():
+    _remote_finite_differences(_scale(lambda g, x, w: (g * w, g * x)), SCALE_ARGS, ["x", "w"])
+
+
+def test_the_graders_finite_differences_name_the_wrong_entry():
+    def one_entry_wrong(g, x, w):
+        gw = g * x
+        gw[2] = 0
+        return g * w, gw
+
+    with pytest.raises(CheckFailed) as failed:
+        _remote_finite_differences(_scale(one_entry_wrong), SCALE_ARGS, ["x", "w"])
+    message = str(failed.value)
+    assert "gradient for `w`, entry 2" in message and "numerical" in message and "analytical" in message
+
+
+def test_the_graders_finite_differences_catch_a_backward_not_linear_in_grad_output():
+    with pytest.raises(CheckFailed, match="gradient for `x`"):
+        _remote_finite_differences(_scale(lambda g, x, w: (g.abs() * w, g * x)), SCALE_ARGS, ["x", "w"])

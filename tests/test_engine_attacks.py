@@ -258,7 +258,18 @@ def test_next_student_finds_nothing_left_behind(attacked):
 
 def test_no_process_outlives_grading(attacked):
     """Every sandbox or worker process still alive belongs to a grading still running
-    (another test's): none was orphaned by this one."""
+    (another test's): none was orphaned by this one. A process may outlive its grader by
+    a moment (another test's grading that just ended, its sandbox dying with it): only
+    one still there seconds later is orphaned."""
+    for _ in range(20):
+        orphans = _orphans()
+        if not orphans:
+            return
+        time.sleep(0.5)
+    assert not orphans
+
+
+def _orphans() -> list[str]:
     table = subprocess.run(["ps", "-eo", "pid=,ppid=,uid=,args="], capture_output=True, text=True).stdout
     processes = {int(pid): (int(ppid), uid, args) for pid, ppid, uid, args in (line.split(None, 3) for line in table.splitlines())}
 
@@ -269,10 +280,9 @@ def test_no_process_outlives_grading(attacked):
                 return True
         return False
 
-    ours = [args for pid, (_, uid, args) in processes.items()
+    return [args for pid, (_, uid, args) in processes.items()
             if (uid.startswith("655") or "autograder.engine.zygote" in args or args.startswith("bwrap"))
             and not graded_by_someone(pid)]
-    assert not ours
 
 
 REASONS = {  # what the flag of each attacker says

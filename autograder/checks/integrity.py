@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import builtins
 import importlib
+import itertools
+import operator
 import os
 import sys
 import types
@@ -29,7 +31,8 @@ CLASSES = [torch.Tensor, torch.autograd.Function]
 # Changed by the interpreter itself: IPython keeps the last results in builtins._, __, ___.
 IGNORED = {"_", "__", "___"}
 
-_saved: dict[str, dict[str, Any]] = {}
+_saved: dict[str, tuple[Any, dict[str, Any]]] = {}  # name -> (owner, its attributes at snapshot)
+_MISSING = object()
 
 
 def _watched() -> dict[str, Any]:
@@ -60,26 +63,41 @@ def snapshot() -> None:
     """Remember the watched modules' attributes (call before student code runs)."""
     _saved.clear()
     for name, owner in _watched().items():
-        _saved[name] = dict(_contents(owner))
+        _saved[name] = owner, dict(_contents(owner))
+
+
+def _unchanged(before: dict[str, Any], now: dict[str, Any]) -> bool:
+    """Same names bound to the same objects, compared by identity in C (torch has
+    thousands of attributes, and this runs before every judged cell)."""
+    return len(before) == len(now) and all(
+        map(operator.is_, before.values(), map(now.get, before, itertools.repeat(_MISSING))))
+
+
+def _harmless(owner: Any, attr: str, before: dict[str, Any], now: dict[str, Any]) -> bool:
+    if attr in IGNORED or (attr.startswith("__") and attr.endswith("__") and _is_module(owner)):
+        return True  # bookkeeping (__warningregistry__, ...) that changes by itself
+    if attr not in before and isinstance(now[attr], types.ModuleType) and _is_module(owner):
+        return True  # importing a submodule adds it to its package
+    # torch._dynamo, once loaded, wraps torch.manual_seed
+    return attr in before and attr in now and _torch_wrapped(now[attr], before[attr])
 
 
 def restore() -> list[str]:
     """Put every watched attribute back as it was at `snapshot()`; say what had changed."""
     changes = []
-    for name, owner in _watched().items():
-        before = _saved.get(name)
-        if before is None:
-            continue
+    for name, (owner, before) in _saved.items():
         now = _contents(owner)
+        if _unchanged(before, now):
+            continue
         for attr in sorted(set(before) | set(now)):
             if attr in before and attr in now and now[attr] is before[attr]:
                 continue
-            if attr in IGNORED or (attr.startswith("__") and attr.endswith("__") and _is_module(owner)):
-                continue  # bookkeeping (__warningregistry__, ...) that changes by itself
-            if attr not in before and isinstance(now[attr], types.ModuleType) and _is_module(owner):
-                continue  # importing a submodule adds it to its package
-            if attr in before and attr in now and _torch_wrapped(now[attr], before[attr]):
-                continue  # torch._dynamo, once loaded, wraps torch.manual_seed
+            if _harmless(owner, attr, before, now):  # the new baseline, so the next check is fast
+                if attr in now:
+                    before[attr] = now[attr]
+                else:
+                    del before[attr]
+                continue
             what = "replaced" if attr in before and attr in now else "added" if attr in now else "deleted"
             changes.append(f"{name}.{attr} was {what}")
             try:

@@ -96,6 +96,7 @@ class Preparer:
     def __init__(self, db_url: str, course_id: str, config: Config, released: Path) -> None:
         """`released`: the folder of released assignments (what students were given)."""
         self.db_url, self.course_id, self.released = db_url, course_id, released
+        self.given: dict[tuple[str, str], list] = {}
         # A deleted test cell is always put back: graded as missing, it would keep a stale score.
         self.sanitizers = [
             cls(config=config, log=QUIET, **({"add_missing_cells": True} if cls is OverwriteCells else {}))
@@ -124,8 +125,11 @@ class Preparer:
         return Prepared(name, nb, flags)
 
     def _given(self, assignment: str, name: str) -> list:
-        """The released notebook's cells (without it, every line counts as the student's)."""
-        try:
-            return read(self.released / assignment / f"{name}.ipynb").cells
-        except (OSError, Rejected):
-            return []
+        """The released notebook's cells (without it, every line counts as the student's);
+        read once per run."""
+        if (assignment, name) not in self.given:
+            try:
+                self.given[assignment, name] = read(self.released / assignment / f"{name}.ipynb").cells
+            except (OSError, Rejected):
+                self.given[assignment, name] = []
+        return self.given[assignment, name]
