@@ -139,6 +139,7 @@ def attacked(tmp_path_factory):
     students = [arg for s in [*attackers, "z_victim"] for arg in ("--student", s)]
     result = grade(course, SLUG, *students, "--jobs", "1", "--timeout", str(TIMEOUT), "--memory", "1024")
     elapsed = time.monotonic() - started
+    assert "bubblewrap sandbox" in result.stdout, f"graded without the sandbox these tests are about:\n{result.stdout}{result.stderr}"
     received = _received(tcp, udp)
     return course, before, result, elapsed, received, marker
 

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,6 +111,9 @@ def bubblewrap_arguments(bwrap: str, readable: list[str]) -> list[str]:
     return args
 
 
+TRIALS = 3
+
+
 def probe(use_sandbox: bool = True, course_root: Path = Path.cwd()) -> Isolation:
     abi = landlock.abi()
     if not use_sandbox:
@@ -117,13 +121,13 @@ def probe(use_sandbox: bool = True, course_root: Path = Path.cwd()) -> Isolation
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return Isolation(None, abi, "bubblewrap (bwrap) is not installed")
-    trial = subprocess.run(
-        [*bubblewrap_arguments(bwrap, readable_paths(course_root)), "--", sys.executable, "-I", "-c", "pass"],
-        capture_output=True, text=True, timeout=60,
-    )
-    if trial.returncode != 0:
-        return Isolation(None, abi, f"bubblewrap does not work here ({trial.stderr.strip() or trial.returncode})")
-    return Isolation(bwrap, abi)
+    command = [*bubblewrap_arguments(bwrap, readable_paths(course_root)), "--", sys.executable, "-I", "-c", "pass"]
+    for attempt in range(TRIALS):  # a busy machine may fail one (e.g. namespaces still being freed)
+        trial = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        if trial.returncode == 0:
+            return Isolation(bwrap, abi)
+        time.sleep(0.5 * (attempt + 1))
+    return Isolation(None, abi, f"bubblewrap does not work here ({trial.stderr.strip() or trial.returncode})")
 
 
 @dataclass
