@@ -102,13 +102,14 @@ def bubblewrap_arguments(bwrap: str, readable: list[str]) -> list[str]:
     else:
         args += ["--unshare-user"]
     args += _system_arguments() + ["--proc", "/proc", "--dev", "/dev", "--ro-bind-try", "/sys", "/sys"]
-    parents = sorted({str(p) for path in readable for p in Path(path).parents if str(p) != "/"})
+    # The empty file systems first: Python installed under /tmp (a CI checkout) is bound on top of them.
+    args += ["--tmpfs", STATE, "--size", str(SCRATCH_BYTES), "--perms", "1777", "--tmpfs", SCRATCH]
+    parents = sorted({str(p) for path in readable for p in Path(path).parents} - {"/", STATE, SCRATCH})
     for parent in parents:  # bubblewrap would create them private (0700): nobody could pass
         args += ["--perms", "0755", "--dir", parent]
     for path in readable:
         args += ["--ro-bind", path, path]
-    args += ["--tmpfs", STATE, "--size", str(SCRATCH_BYTES), "--perms", "1777", "--tmpfs", SCRATCH, "--chdir", STATE]
-    return args
+    return args + ["--chdir", STATE]
 
 
 TRIALS = 3
