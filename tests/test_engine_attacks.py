@@ -8,10 +8,15 @@ else.
 """
 from __future__ import annotations
 
+import json
+import shutil
 import socket
 import subprocess
+import sys
+import tempfile
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -305,3 +310,25 @@ def test_every_attacker_is_flagged_with_the_reason(attacked, attack):
     course = attacked[0]
     assert flagged(course, SLUG, f"a_{attack}")[0]
     assert REASONS[attack] in notebook(course, "autograded", f"a_{attack}", SLUG).cells[0].source
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="skipped: bubblewrap is not installed")
+def test_python_installed_under_tmp_runs_in_the_sandbox(tmp_path):
+    """A checkout under /tmp (as CI makes) must keep the sandbox: its scratch /tmp is an
+    empty file system, and the Python inside it is bound on top, nothing else of /tmp."""
+    from autograder.engine import sandbox
+
+    venv = Path(tempfile.mkdtemp(dir="/tmp")) / "venv"
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        readable = sandbox.readable_paths(Path(tempfile.gettempdir()) / "course")
+        readable = [p for p in readable if not venv.is_relative_to(p)] + [str(venv)]
+        probe = "import json, os, sys; print(json.dumps([sys.prefix, os.listdir('/tmp'), os.stat('/tmp').st_mode]))"
+        ran = subprocess.run([*sandbox.bubblewrap_arguments(shutil.which("bwrap"), readable), "--",
+                              str(venv / "bin" / "python"), "-I", "-c", probe], capture_output=True, text=True)
+        assert ran.returncode == 0, ran.stderr
+        prefix, listed, mode = json.loads(ran.stdout)
+        under_tmp = {Path(p).relative_to("/tmp").parts[0] for p in readable if Path(p).is_relative_to("/tmp")}
+        assert prefix == str(venv) and set(listed) == under_tmp and mode == 0o41777
+    finally:
+        shutil.rmtree(venv.parent)
