@@ -18,6 +18,8 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
+from publish import publish  # noqa: E402  (bench/ is the script's own folder)
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -61,12 +63,7 @@ def main() -> None:
         lines.append(f"| {slug} | {start:.2f} | {cells:.1f} | {start + cells:.1f} | {verdict}"
                      + (f" (errors: {', '.join(errors)})" if errors else "") + " |")
         print(lines[-1], file=sys.stderr)
-    text = "\n".join(lines)
-    print(text)
-    out = REPO / "bench" / "results" / f"run-all-{datetime.now():%Y%m%d-%H%M%S}.md"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(text + "\n")
-    print(f"\nwritten to {out}", file=sys.stderr)
+    publish("\n".join(lines), "run-all")
 
 
 if __name__ == "__main__":

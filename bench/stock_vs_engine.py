@@ -30,6 +30,8 @@ from pathlib import Path
 
 import psutil
 
+from publish import publish  # noqa: E402  (bench/ is the script's own folder)
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
@@ -264,12 +266,7 @@ def main() -> None:
         f"{1000 * sum(c for _, _, c in honest_runs) / max(len(honest_runs), 1):.0f} ms CPU per notebook.",
         f"Load average after: {os.getloadavg()[0]:.1f}.",
     ]
-    text = "\n".join(lines)
-    print(text)
-    out = REPO / "bench" / "results" / f"grading-{datetime.now():%Y%m%d-%H%M%S}.md"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(text + "\n")
-    print(f"\nwritten to {out}", file=sys.stderr)
+    publish("\n".join(lines), "grading")
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
 
