@@ -47,7 +47,8 @@ def scan(cells: list, released: list) -> list[Finding]:
         name = meta.get("grade_id") or f"cell {index}"
         source = _source(cell)
         new = {n for n, line in enumerate(source.splitlines(), 1) if line.strip() and line.strip() not in given}
-        found += [f for f in _findings(name, source) if f.line in new]
+        if new:
+            found += [f for f in _findings(name, source) if f.line in new]
     return found
 
 

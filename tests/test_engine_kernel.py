@@ -24,6 +24,7 @@ CELLS = {
     "magics": "%time x = 1\n!echo shell",
     "cell_magic": "%%capture captured\nprint('hidden')",
     "error": "1 / 0",
+    "check_failed": "from autograder.checks.report import fail\nfail('wrong gradient', 'x = 1', cause='a reason')",
     "silenced": "get_ipython().set_custom_exc((Exception,), lambda *a, **k: None)\nraise ValueError('swallowed')",
     "state": "x = 41",
     "uses_state": "x + 1",
@@ -86,6 +87,15 @@ def test_errors_are_error_outputs_even_when_silenced(ran):
     assert error["ename"] == "ZeroDivisionError" and "1 / 0" in traceback
     assert [o["ename"] for o in outputs["silenced"] if o["output_type"] == "error"] == ["ValueError"]
     assert _grade(outputs["silenced"]) == 0
+
+
+def test_a_failed_check_shows_its_message_alone(ran):
+    """No frames: the checks' internals say nothing to a student, and a hidden test's
+    source must not be quoted."""
+    (error,) = ran[0]["check_failed"]
+    text = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(error["traceback"]))
+    assert text == "CheckFailed: wrong gradient\n  x = 1\nLikely cause: a reason"
+    assert _grade(ran[0]["check_failed"]) == 0
 
 
 def test_every_notebook_starts_fresh(ran):

@@ -6,6 +6,7 @@ assignment, write the status files and, if asked, nbgrader's feedback.
 """
 from __future__ import annotations
 
+from contextlib import closing
 from pathlib import Path
 
 from nbgrader.api import Gradebook, MissingEntry
@@ -57,11 +58,10 @@ def _grade(options: Options, pool: Pool, console: Console) -> tuple[list[report.
     todo = [s for s in submissions if s not in skipped]
     outcomes: list[report.Outcome] = []
     if todo:
-        writer = Writer(coursedir, config)
-        try:
-            outcomes = _grade_all(todo, known, coursedir, config, pool, writer, console)
-        finally:
-            writer.close()
+        released = Path(coursedir.format_path(coursedir.release_directory, ".", "."))
+        with closing(Preparer(coursedir.db_url, coursedir.course_id, config, released)) as preparer, \
+                closing(Writer(coursedir, config)) as writer:
+            outcomes = _grade_all(todo, known, pool, preparer, writer, console)
     pool.close()  # the workers' memory and CPU go to what follows
     _export(coursedir, config, {s.assignment for s in submissions})
     graded = sorted({o.submission.assignment for o in outcomes})
@@ -94,9 +94,8 @@ def _known_notebooks(coursedir: CourseDirectory, assignments: set[str]) -> dict[
 AHEAD = 2  # submissions prepared and queued per worker, so no worker waits for the grader
 
 
-def _grade_all(todo, known, coursedir, config, pool, writer, console) -> list[report.Outcome]:
+def _grade_all(todo, known, pool, preparer, writer, console) -> list[report.Outcome]:
     """Prepare, run and save, interleaved: one thread does all the trusted work in turn."""
-    preparer = Preparer(coursedir.db_url, coursedir.course_id, config, Path(coursedir.format_path(coursedir.release_directory, ".", ".")))
     waiting = iter(todo)
     running: dict[str, tuple[discover.Submission, list]] = {}  # key -> (submission, [(path, Prepared | reason)])
     outcomes = []

@@ -5,7 +5,8 @@ nbgrader's Gradebook commits after every change, and its writing preprocessors
 `transaction`, the Gradebook's session joins one database transaction (SQLAlchemy's
 "rollback_only" join mode: its commits only flush), and those preprocessors are lent
 that Gradebook instead of opening another. Either all of a submission's rows are
-written or none are: a grader killed mid-way leaves no partial records.
+written or none are: a grader killed mid-way leaves no partial records. One Gradebook
+serves a whole run (`Released` also for nbgrader's sanitizing preprocessors).
 """
 from __future__ import annotations
 
@@ -27,13 +28,13 @@ _WRITING_MODULES = (saveautogrades, latesubmissions)  # nbgrader modules that op
 
 
 class _Lent:
-    """The writer's Gradebook, lent to a preprocessor: closing it does nothing."""
+    """A Gradebook lent to a preprocessor: closing it does nothing."""
 
     def __init__(self, gradebook: Gradebook) -> None:
         self._gradebook = gradebook
 
     def __enter__(self) -> Gradebook:
-        return self._gradebook
+        return self
 
     def __exit__(self, *exc) -> None:
         pass
@@ -42,19 +43,50 @@ class _Lent:
         return getattr(self._gradebook, name)
 
 
+class Released(_Lent):
+    """A Gradebook for reading what was released (notebooks, their source and graded
+    cells), which does not change while grading: each lookup is made once per run."""
+
+    LOOKUPS = ("find_notebook", "find_source_cell", "find_graded_cell")
+
+    def __init__(self, gradebook: Gradebook) -> None:
+        super().__init__(gradebook)
+        self._found: dict[tuple, object] = {}
+
+    def __getattr__(self, name: str):
+        method = getattr(self._gradebook, name)
+        if name not in self.LOOKUPS:
+            return method
+
+        def memoized(*args):
+            if (name, args) not in self._found:
+                self._found[name, args] = method(*args)
+            return self._found[name, args]
+
+        return memoized
+
+
 @contextlib.contextmanager
-def transaction(db_url: str, course_id: str) -> Iterator[Gradebook]:
-    """A Gradebook whose every write is committed at the end of the block, or not at all."""
-    with Gradebook(db_url, course_id) as gradebook, gradebook.engine.connect() as connection:
+def lent(gradebook: Gradebook | _Lent, modules: tuple) -> Iterator[None]:
+    """nbgrader's preprocessors from `modules` use `gradebook` instead of opening their own
+    (each new Gradebook checks the whole schema: ~5 ms)."""
+    lender = gradebook if isinstance(gradebook, _Lent) else _Lent(gradebook)
+    with contextlib.ExitStack() as patches:
+        for module in modules:
+            patches.enter_context(mock.patch.object(module, "Gradebook", lambda *args, **kwargs: lender))
+        yield
+
+
+@contextlib.contextmanager
+def transaction(gradebook: Gradebook) -> Iterator[Gradebook]:
+    """`gradebook`, whose every write in the block is committed at its end, or not at all."""
+    with gradebook.engine.connect() as connection:
         outer = connection.begin()
-        gradebook.db = scoped_session(
+        default, gradebook.db = gradebook.db, scoped_session(
             sessionmaker(bind=connection, autoflush=True, join_transaction_mode="rollback_only")
         )
-        lent = _Lent(gradebook)
         try:
-            with contextlib.ExitStack() as patches:
-                for module in _WRITING_MODULES:
-                    patches.enter_context(mock.patch.object(module, "Gradebook", lambda *args, **kwargs: lent))
+            with lent(gradebook, _WRITING_MODULES):
                 yield gradebook
             gradebook.db.flush()
             outer.commit()
@@ -63,3 +95,4 @@ def transaction(db_url: str, course_id: str) -> Iterator[Gradebook]:
             raise
         finally:
             gradebook.db.remove()
+            gradebook.db = default

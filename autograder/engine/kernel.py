@@ -190,6 +190,10 @@ class _Shell(InteractiveShell):
     def enable_gui(self, gui=None) -> None:  # no event loops in a grader
         pass
 
+    def _format_exception_for_storage(self, exception, *args, **kwargs) -> dict:
+        """IPython formats every traceback a second time for its history, which is off here."""
+        return {"ename": type(exception).__name__, "evalue": str(exception), "traceback": []}
+
 
 def make_shell() -> InteractiveShell:
     """The shell every child will use, built in the warm worker (no history file, inline figures)."""

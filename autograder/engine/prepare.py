@@ -20,10 +20,11 @@ from nbgrader import utils
 from nbgrader.api import Gradebook
 from nbgrader.converters import Autograde
 from nbgrader.nbgraderformat import ValidationError as MetadataError
-from nbgrader.preprocessors import OverwriteCells
+from nbgrader.preprocessors import OverwriteCells, overwritecells, overwritekernelspec
 from traitlets.config import Config
 
 from ..scan import scan
+from .gradebook import Released, lent
 
 MAX_BYTES = 50 << 20  # a submitted notebook larger than this is not read
 QUIET = logging.getLogger("autograder.engine.nbgrader")  # nbgrader's warnings repeat ours less clearly
@@ -91,11 +92,12 @@ def tampering(nb: NotebookNode, gradebook: Gradebook, notebook: str, assignment:
 
 
 class Preparer:
-    """Reads, checks and sanitizes the submitted notebooks of one course."""
+    """Reads, checks and sanitizes the submitted notebooks of one course (close it when done)."""
 
     def __init__(self, db_url: str, course_id: str, config: Config, released: Path) -> None:
         """`released`: the folder of released assignments (what students were given)."""
-        self.db_url, self.course_id, self.released = db_url, course_id, released
+        self.db_url, self.released = db_url, released
+        self.gradebook = Released(Gradebook(db_url, course_id))
         self.given: dict[tuple[str, str], list] = {}
         # A deleted test cell is always put back: graded as missing, it would keep a stale score.
         self.sanitizers = [
@@ -107,22 +109,25 @@ class Preparer:
         """Raises Rejected when the notebook cannot be graded automatically."""
         name = path.stem
         nb = read(path)
-        with Gradebook(self.db_url, self.course_id) as gradebook:
-            flags = tampering(nb, gradebook, name, assignment)
-            known = {cell.name for cell in gradebook.find_notebook(name, assignment).source_cells}
+        flags = tampering(nb, self.gradebook, name, assignment)
+        known = {cell.name for cell in self.gradebook.find_notebook(name, assignment).source_cells}
         for cell in nb.cells:  # a renamed cell is the student's own: it runs, ungraded
             if cell.metadata.get("nbgrader", {}).get("grade_id") not in known:
                 cell.metadata.pop("nbgrader", None)
         resources = {"nbgrader": {"notebook": name, "assignment": assignment, "student": student, "db_url": self.db_url}}
         try:
-            for sanitize in self.sanitizers:
-                nb, resources = sanitize(nb, resources)
+            with lent(self.gradebook, (overwritecells, overwritekernelspec)):
+                for sanitize in self.sanitizers:
+                    nb, resources = sanitize(nb, resources)
         except (MetadataError, RuntimeError, ValueError, KeyError) as error:  # as stock nbgrader fails on it
             reason = f"nbgrader cannot repair its cell metadata ({type(error).__name__}: {error})"
             raise Rejected("; ".join([*flags, reason])) from None
         theirs = [c for c in nb.cells if utils.is_solution(c) or not (utils.is_locked(c) or utils.is_grade(c))]
         flags += [f"worth a look: {finding}" for finding in scan(theirs, self._given(assignment, name))]
         return Prepared(name, nb, flags)
+
+    def close(self) -> None:
+        self.gradebook.close()
 
     def _given(self, assignment: str, name: str) -> list:
         """The released notebook's cells (without it, every line counts as the student's);

@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 import nbformat
+from nbgrader.api import Gradebook
 from nbgrader.converters import Autograde
 from nbgrader.coursedir import CourseDirectory
 from nbgrader.preprocessors import Execute
@@ -38,6 +39,7 @@ class Writer:
         if self.staging.exists():  # what a killed run left half-made
             rmtree(str(self.staging))
         self.staging.mkdir()
+        self.gradebook = Gradebook(coursedir.db_url, coursedir.course_id)
         self.scorers = [  # nbgrader's autograde step, without executing (that is done already)
             cls(config=config, log=QUIET) for cls in Autograde(config=config).autograde_preprocessors if cls is not Execute
         ]
@@ -50,7 +52,7 @@ class Writer:
         for name, path in submission.extra_files.items():  # timestamp.txt and data files, as nbgrader does
             (stage / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(path, stage / name)
-        with gradebook.transaction(self.coursedir.db_url, self.coursedir.course_id) as gb:
+        with gradebook.transaction(self.gradebook) as gb:
             gb.update_or_create_student(submission.student)
             timestamp = {"timestamp": submission.timestamp} if submission.timestamp else {}
             gb.update_or_create_submission(submission.assignment, submission.student, **timestamp)
@@ -114,6 +116,7 @@ class Writer:
             rmtree(str(gone))
 
     def close(self) -> None:
+        self.gradebook.close()
         rmtree(str(self.staging))
 
 

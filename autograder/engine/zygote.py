@@ -55,9 +55,18 @@ def warm():
         torch.ones(2).sum()
     torch.empty(2, device="meta").clamp(0, 1)  # loads torch._dynamo
     shell.transform_cell("x = 1\n")
-    try:  # the first traceback costs a lot (pygments, stack inspection); wrong answers all make one
-        raise ValueError("warm-up")
-    except ValueError:
+    class Wrong(torch.autograd.Function):  # the error wrong answers meet most, raised in torch's backward
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad, grad
+
+    try:  # the first traceback through torch parses its files and builds pygments' lexers: pay it here
+        Wrong.apply(torch.ones(1, requires_grad=True)).sum().backward()
+    except RuntimeError:
         shell.InteractiveTB.structured_traceback(*sys.exc_info())
     integrity.snapshot()  # what the grader's probes will put back before they run
     gc.collect()
