@@ -3,6 +3,7 @@
 Best effort, and only a reason to look: grades never depend on it (trusted verdicts and
 the sandbox do the protecting). Only lines the student added or changed are read — the
 released notebook's own code (its demonstrations import `gc`, say) is not suspicious.
+(`imported` reads the released notebooks themselves, for the warm workers.)
 """
 from __future__ import annotations
 
@@ -80,6 +81,21 @@ def _findings(cell: str, source: str) -> list[Finding]:
                 if isinstance(inner, ast.Call) and AUTOGRAD_IN_BACKWARD.search(ast.unparse(inner.func) + "("):
                     found.append(Finding(cell, inner.lineno, line, "asks autograd for the gradient inside backward"))
     return found
+
+
+def imported(source: str) -> list[str]:
+    """The modules a cell imports (absolute imports; none if it is not valid Python)."""
+    try:
+        tree = ast.parse(_without_magics(source))
+    except SyntaxError:
+        return []
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+    return names
 
 
 def _without_magics(source: str) -> str:

@@ -9,6 +9,7 @@ import pytest
 from nbgrader.utils import determine_grade
 
 from autograder.engine import sandbox
+from autograder.scan import imported
 from autograder.engine.limits import Limits
 from autograder.engine.pool import Pool, Program
 
@@ -109,3 +110,29 @@ def test_cut_output_keeps_what_scores(ran):
     assert "truncated" in outputs[0]["text"] and len(outputs[0]["text"]) < 1200
     assert [o["name"] for o in outputs if o["output_type"] == "stream"] == ["stdout", "stderr"]
     assert _grade(outputs) == 0  # the stderr line still counts
+
+
+def test_workers_preload_what_the_notebooks_import_and_stay_single_threaded():
+    """Preloaded once in the warm worker, a module is already there for every notebook;
+    the worker, which forks, still runs one thread after importing what all of the
+    course's notebooks import."""
+    root = Path(__file__).resolve().parent.parent
+    modules = list(dict.fromkeys(
+        name for notebook in sorted((root / "course").glob("*/*.ipynb"))
+        for cell in nbformat.read(notebook, as_version=4).cells if cell.cell_type == "code"
+        for name in imported(cell.source)
+    ))
+    assert "matplotlib.pyplot" in modules and "torchviz" in modules
+    probe = Program([(0, "probe", "import os, sys\n('matplotlib.pyplot' in sys.modules, len(os.listdir(f'/proc/{os.getppid()}/task')))")])
+    with Pool(1, sandbox.probe(True, root), root, Limits(timeout=60)) as pool:
+        before = pool.workers[0].run(probe, Limits(timeout=60))
+        pool.preload(modules)
+        after = pool.workers[0].run(probe, Limits(timeout=60))
+    assert before.cells[0].outputs[0]["data"]["text/plain"] == "(False, 1)"
+    assert after.cells[0].outputs[0]["data"]["text/plain"] == "(True, 1)"
+
+
+def test_imported_names_the_modules_a_cell_imports():
+    source = "%matplotlib inline\nimport os.path, torch as t\nfrom a.b import c\nfrom . import d\ndef f():\n    import json"
+    assert imported(source) == ["os.path", "torch", "a.b", "json"]
+    assert imported("this is not python") == []

@@ -61,6 +61,7 @@ def _grade(options: Options, pool: Pool, console: Console) -> tuple[list[report.
         released = Path(coursedir.format_path(coursedir.release_directory, ".", "."))
         with closing(Preparer(coursedir.db_url, coursedir.course_id, config, released)) as preparer, \
                 closing(Writer(coursedir, config)) as writer:
+            pool.preload(preparer.imports({s.assignment: known[s.assignment] for s in todo}))
             outcomes = _grade_all(todo, known, pool, preparer, writer, console)
     pool.close()  # the workers' memory and CPU go to what follows
     _export(coursedir, config, {s.assignment for s in submissions})

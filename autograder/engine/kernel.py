@@ -196,11 +196,12 @@ class _Shell(InteractiveShell):
 
 
 def make_shell() -> InteractiveShell:
-    """The shell every child will use, built in the warm worker (no history file, inline figures)."""
+    """The shell every child will use, built in the warm worker (no history file). Figures
+    are PNG after each cell, as in Jupyter: matplotlib, once imported, loads the inline
+    backend, which hooks itself into the shell."""
     os.environ["MPLBACKEND"] = INLINE_BACKEND
     shell = _Shell.instance(history_length=0)
     shell.history_manager.enabled = False
-    shell.enable_matplotlib("inline")  # figures as PNG after each cell, as in Jupyter
     return shell
 
 

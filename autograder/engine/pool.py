@@ -90,6 +90,7 @@ class Worker:
         self.isolation, self.course_root, self.runtime, self.slot = isolation, course_root, runtime, slot
         self.process: subprocess.Popen | None = None
         self.starts = 0
+        self.modules: list[str] = []  # to preload, also after a restart
 
     def start(self) -> None:
         ours, theirs = socket.socketpair()
@@ -106,6 +107,12 @@ class Worker:
         self.control = Channel(ours)
         self.control.send(launch.config)
         self.ready = False
+        if self.modules:
+            self.preload(self.modules)
+
+    def preload(self, modules: list[str]) -> None:
+        self.modules = modules
+        self.control.send({"op": "preload", "modules": modules})
 
     def _ensure_ready(self) -> None:
         if self.process is None or self.process.poll() is not None:
@@ -257,6 +264,11 @@ class Pool:
     @property
     def size(self) -> int:
         return len(self.workers)
+
+    def preload(self, modules: list[str]) -> None:
+        """Have every worker import `modules` before its first notebook (call before `submit`)."""
+        for worker in self.workers:
+            worker.preload(modules)
 
     def submit(self, key: Any, programs: list[Program]) -> None:
         self.todo.put((key, programs))

@@ -23,7 +23,7 @@ from nbgrader.nbgraderformat import ValidationError as MetadataError
 from nbgrader.preprocessors import OverwriteCells, overwritecells, overwritekernelspec
 from traitlets.config import Config
 
-from ..scan import scan
+from ..scan import imported, scan
 from .gradebook import Released, lent
 
 MAX_BYTES = 50 << 20  # a submitted notebook larger than this is not read
@@ -125,6 +125,16 @@ class Preparer:
         theirs = [c for c in nb.cells if utils.is_solution(c) or not (utils.is_locked(c) or utils.is_grade(c))]
         flags += [f"worth a look: {finding}" for finding in scan(theirs, self._given(assignment, name))]
         return Prepared(name, nb, flags)
+
+    def imports(self, notebooks: dict[str, set[str]]) -> list[str]:
+        """The modules the released notebooks import, for {assignment: notebook names}."""
+        found: dict[str, None] = {}
+        for assignment, names in sorted(notebooks.items()):
+            for name in sorted(names):
+                for cell in self._given(assignment, name):
+                    if cell.get("cell_type") == "code":
+                        found.update(dict.fromkeys(imported(cell.source)))
+        return list(found)
 
     def close(self) -> None:
         self.gradebook.close()

@@ -2,10 +2,11 @@
 child for every notebook, so no state passes from one submission to the next.
 
 Started by the grader as `python -I -m autograder.engine.zygote CONTROL_FD`, inside
-the sandbox. Control messages: the grader sends its configuration, then "run" (with the
-child's channel as a passed descriptor) or "stop"; the worker answers "ready" once,
-then "exited" after each child, with its exit status and resource use. A "kill"
-during a run ends the child and everything it started.
+the sandbox. Control messages: the grader sends its configuration, then "preload" (the
+modules the notebooks to grade import), "run" (with the child's channel as a passed
+descriptor) or "stop"; the worker answers "ready" once, then "exited" after each child,
+with its exit status and resource use. A "kill" during a run ends the child and
+everything it started.
 """
 from __future__ import annotations
 
@@ -89,8 +90,24 @@ def main(control_fd: int) -> None:
         message, buffers, fds = control.receive()
         if message["op"] == "stop":
             return
+        if message["op"] == "preload":
+            preload(message["modules"])
         if message["op"] == "run":
             _run(control, config, message, buffers, fds, wake_read, shell)
+
+
+def preload(modules: list[str]) -> None:
+    """Import, once for all children, what the notebooks import (matplotlib, torchviz, ...).
+
+    The names come from the instructor's notebooks; their imports must start no threads
+    (this process forks)."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # the notebook meets the same error in its own process, and reports it
+            pass
+    gc.collect()
+    gc.freeze()
 
 
 def _run(control: Channel, config: dict, message: dict, buffers: list[bytes], fds: list[int], wake: int, shell) -> None:
@@ -174,3 +191,4 @@ def _remove(path: str) -> None:
 
 if __name__ == "__main__":
     main(int(sys.argv[1]))
+    os._exit(0)  # nothing to flush or close; Python's own teardown of torch takes most of a second
