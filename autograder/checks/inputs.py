@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import secrets
 from typing import Iterator, Sequence
 
 import torch
@@ -14,8 +15,9 @@ _fresh = contextvars.ContextVar("fresh_inputs", default=False)
 
 def seed_of(seed: int | None) -> int:
     """The seed a check uses: `seed` (reproducible inputs, as in the visible checks), or a
-    fresh one for `None` — and always a fresh one in `fresh_inputs()`."""
-    return torch.seed() if seed is None or _fresh.get() else seed
+    fresh one for `None` — and always a fresh one in `fresh_inputs()`. (Not torch.seed(): it
+    would reseed the global generator, which the notebook's own examples use.)"""
+    return secrets.randbits(63) if seed is None or _fresh.get() else seed
 
 
 @contextlib.contextmanager
