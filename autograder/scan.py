@@ -66,9 +66,8 @@ def _findings(cell: str, source: str) -> list[Finding]:
         for pattern, reason in PATTERNS
         if re.search(pattern, line)
     ]
-    try:
-        tree = ast.parse(_without_magics(source))
-    except SyntaxError:
+    tree = _parsed(source)
+    if tree is None:
         return found
     for node in ast.walk(tree):
         for target in _assigned(node):
@@ -85,9 +84,8 @@ def _findings(cell: str, source: str) -> list[Finding]:
 
 def imported(source: str) -> list[str]:
     """The modules a cell imports (absolute imports; none if it is not valid Python)."""
-    try:
-        tree = ast.parse(_without_magics(source))
-    except SyntaxError:
+    tree = _parsed(source)
+    if tree is None:
         return []
     names = []
     for node in ast.walk(tree):
@@ -96,6 +94,14 @@ def imported(source: str) -> list[str]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.append(node.module)
     return names
+
+
+def _parsed(source: str) -> ast.Module | None:
+    """A cell's syntax tree, IPython lines left out; None if it is not valid Python."""
+    try:
+        return ast.parse(_without_magics(source))
+    except SyntaxError:
+        return None
 
 
 def _without_magics(source: str) -> str:
