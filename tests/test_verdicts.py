@@ -3,6 +3,10 @@ wire format) agree with the checks run in the student's own kernel, on the model
 solutions and on every known wrong and right answer."""
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import nbformat
 import pytest
 
@@ -86,3 +90,20 @@ def test_each_cell_is_judged_with_the_students_names_as_they_are_then():
     assert judge.judge(1, loopback(ns)).score == 1
     ns["answer"] = 2  # the student's later cell changes it
     assert judge.judge(2, loopback(ns)).score == 1
+
+
+def test_warm_pays_the_graders_first_call_costs_before_any_verdict():
+    """The check modules the notebooks import load, and the first gradient given
+    grad_outputs imports nothing more; the students' own modules stay out of the grader."""
+    code = textwrap.dedent("""
+        import sys, torch
+        from autograder.verdicts import warm
+        warm(["autograder.exercises.tape_autograd", "matplotlib", "autograder.no_such_module"])
+        before = set(sys.modules)
+        x = torch.ones(2, requires_grad=True)
+        torch.autograd.grad(x.sin().sum(), x, torch.tensor(1.0))
+        print("autograder.exercises.tape_autograd" in before, "matplotlib" in before, sorted(set(sys.modules) - before))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "False", "[]"]

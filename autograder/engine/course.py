@@ -16,7 +16,7 @@ from rich.console import Console
 from traitlets.config import Config
 from traitlets.config.loader import PyFileConfigLoader
 
-from ..verdicts import Judge
+from ..verdicts import Judge, warm
 from . import discover, feedback, report, results, speedups
 from .grade import GradingError, Options
 from .pool import Pool, Program
@@ -61,7 +61,9 @@ def _grade(options: Options, pool: Pool, console: Console) -> tuple[list[report.
         released = Path(coursedir.format_path(coursedir.release_directory, ".", "."))
         with closing(Preparer(coursedir.db_url, coursedir.course_id, config, released)) as preparer, \
                 closing(Writer(coursedir, config)) as writer:
-            pool.preload(preparer.imports({s.assignment: known[s.assignment] for s in todo}))
+            modules = preparer.imports({s.assignment: known[s.assignment] for s in todo})
+            pool.preload(modules)
+            warm(modules)
             outcomes = _grade_all(todo, known, pool, preparer, writer, console)
     pool.close()  # the workers' memory and CPU go to what follows
     _export(coursedir, config, {s.assignment for s in submissions})
