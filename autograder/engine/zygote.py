@@ -143,18 +143,27 @@ def _wait(control: Channel, pid: int, wake: int, config: dict):
             for fd in fds:
                 os.close(fd)
             if message["op"] == "kill":
-                _kill_all(pid, config)
+                _signal_all(pid, config)  # the rest is waited for once the child is reaped
+
+
+def _signal_all(pid: int, config: dict) -> bool:
+    """SIGKILL the child and everything it started: all of this sandbox's other processes
+    (its own PID namespace), or without a sandbox the child's process group. False if
+    there was none left."""
+    try:
+        if config["sandboxed"]:
+            os.kill(-1, signal.SIGKILL)
+        else:
+            os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _kill_all(pid: int, config: dict) -> None:
-    """Kill the child and everything it started: all of this sandbox's other processes
-    (its own PID namespace), or without a sandbox the child's process group."""
-    try:
-        if not config["sandboxed"]:
-            os.killpg(pid, signal.SIGKILL)
-            return
-        os.kill(-1, signal.SIGKILL)
-    except ProcessLookupError:
+    """Kill whatever the notebook left running, once its child is reaped (a zombie stays
+    listed in /proc until then)."""
+    if not _signal_all(pid, config) or not config["sandboxed"]:
         return
     # Until the namespace's init has reaped them they still count against the next
     # child's process limit: wait for them to be gone.
