@@ -232,7 +232,8 @@ def main() -> None:
         f"{os.cpu_count()} cores; load average before: {load[0]:.1f}; engine: --jobs {args.jobs}, {isolation}.",
         f"Time budget of the hanging phase {args.timeout} s (honest phase {max(60, args.timeout)} s): stock nbgrader "
         f"`--Execute.timeout` (per cell, then SIGINT, then kill), engine `--timeout` (whole notebook, then SIGKILL). "
-        "Stock runs `nbgrader autograde` once per notebook; both write the gradebook and autograded/ "
+        "Stock runs `nbgrader autograde` once per assignment (all its students in one call, as an instructor would); "
+        "both write the gradebook and autograded/ "
         "(the engine also grades.csv and plots; feedback is nbgrader's own step in both, not timed).",
         "",
         "| phase | tool | wall s | notebooks/min | speed-up | CPU s | cores busy | CPU s per notebook beyond its cells | peak PSS MiB | peak RSS MiB |",
