@@ -6,7 +6,9 @@ least 60 submissions: model solutions, every known wrong and unusual right answe
 a loop inside a function the checks call, e.g. backward). Two identical copies are graded,
 one by each tool, in two phases: the honest and crashing submissions, then the hanging
 ones. The honest phase gets a generous time budget (nobody should reach it), the hanging
-phase the budget under test. Prints a markdown table and writes it to bench/results/.
+phase the budget under test. The engine grades each phase twice, just before and just after
+stock, because a shared machine's speed drifts during stock's minutes: each engine run is
+compared with the same stock run. Prints a markdown table and writes it to bench/results/.
 
     .venv/bin/python bench/stock_vs_engine.py [--submissions 60] [--timeout 10] [--jobs N]
 """
@@ -51,6 +53,26 @@ class Measured:
     cpu: float = 0.0  # user + system of every process the command started
     peak_pss: float = 0.0  # MiB, whole process tree (shared pages counted once)
     peak_rss: float = 0.0  # MiB, whole process tree (shared pages counted per process)
+
+
+@dataclass
+class EngineRun:
+    """One `autograder grade` run, with what the engine recorded per student (last-run.csv)."""
+
+    measured: Measured
+    code: dict[str, tuple[float, float, float]]  # student -> (seconds fork to exit, seconds in cells, CPU s in cells)
+    graded_at: dict[str, float]  # student -> when the engine saved it
+
+
+def _engine_run(command: list[str], root: Path) -> EngineRun:
+    measured_run = measured(command, root)
+    code, graded_at = {}, {}
+    for status in (root / "reports").glob("*/last-run.csv"):
+        with open(status) as f:
+            for row in csv.DictReader(f):
+                code[row["student"]] = (float(row["seconds"]), float(row["code_seconds"]), float(row["code_cpu"]))
+                graded_at[row["student"]] = datetime.fromisoformat(row["graded_at"]).timestamp()
+    return EngineRun(measured_run, code, graded_at)
 
 
 def _loop_in_first_function(source: str) -> str | None:
@@ -195,27 +217,22 @@ def main() -> None:
     stock, engine = clone(course, work / "stock"), clone(course, work / "engine")
     load = os.getloadavg()
 
-    phases, code = {}, {}  # student -> (seconds from fork to exit, seconds in cells, CPU seconds in cells), as the engine measured
-    graded_at = {}  # student -> when the engine saved it
+    phases = {}
     for phase, students, budget in (("honest and crashing", honest, max(60, args.timeout)), ("hanging", hanging, args.timeout)):
         print(f"{phase}: {len(students)} submissions", file=sys.stderr)
         chosen = [a for s in students for a in ("--student", s)]
+        ours = [str(BIN / "autograder"), "grade", *slugs, *chosen, "--force", "--jobs", str(args.jobs), "--timeout", str(budget)]
+        before = _engine_run(ours, engine.root)
         stock_runs = []
         for slug in slugs:  # nbgrader autograde takes one assignment; the other phase's students are excluded
             others = ",".join(s for s in kinds if s not in students)
             stock_runs.append(measured([str(BIN / "nbgrader"), "autograde", slug, "--force", f"--Execute.timeout={budget}",
                                         f"--CourseDirectory.student_id_exclude={others}",
                                         "--Application.log_format=%(created)f %(message)s"], stock.root))
-        ours = measured([str(BIN / "autograder"), "grade", *slugs, *chosen, "--force", "--jobs", str(args.jobs),
-                         "--timeout", str(budget)], engine.root)
-        for status in (engine.root / "reports").glob("*/last-run.csv"):
-            with open(status) as f:
-                for row in csv.DictReader(f):
-                    code[row["student"]] = (float(row["seconds"]), float(row["code_seconds"]), float(row["code_cpu"]))
-                    graded_at[row["student"]] = datetime.fromisoformat(row["graded_at"]).timestamp()
+        after = _engine_run(ours, engine.root)
         theirs = Measured(sum(r.wall for r in stock_runs), sum(r.cpu for r in stock_runs),
                           max(r.peak_pss for r in stock_runs), max(r.peak_rss for r in stock_runs))
-        phases[phase] = (students, theirs, ours)
+        phases[phase] = (students, theirs, {"before stock": before, "after stock": after})
 
     expected, got = scores(stock), scores(engine)
     compared = [key for key in expected if key[0] in honest and kinds[key[0]] != "crash_exit"]
@@ -240,32 +257,37 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for phase, (students, theirs, ours) in phases.items():
-        cells = sum(code.get(s, (0, 0, 0))[2] for s in students)  # the students' own code, warm
-        for tool, m in (("stock nbgrader", theirs), ("autograder grade", ours)):
+        # The students' own code, warm (as the engine measured it, both runs averaged).
+        cells = sum(run.code.get(s, (0, 0, 0))[2] for run in ours.values() for s in students) / len(ours)
+        for tool, m in [("stock nbgrader", theirs), *((f"autograder grade, {when}", run.measured) for when, run in ours.items())]:
             lines.append(
                 f"| {phase} ({len(students)}) | {tool} | {m.wall:.1f} | {60 * len(students) / m.wall:.1f} | "
                 f"{theirs.wall / m.wall:.1f}× | {m.cpu:.1f} | {m.cpu / m.wall:.2f} | {(m.cpu - cells) / len(students):.3f} | "
                 f"{m.peak_pss:.0f} | {m.peak_rss:.0f} |"
             )
     steady_stock = _stock_seconds_per_notebook(stock.root / "bench.log", set(honest))
-    times = sorted(graded_at[s] for s in honest if s in graded_at)
-    steady_engine = (times[-1] - times[0]) / (len(times) - 1)
     total_stock = sum(t.wall for _, t, _ in phases.values())
-    total_engine = sum(o.wall for _, _, o in phases.values())
-    honest_runs = [code[s] for s in honest if s in code and kinds[s] not in ("crash_exit",)]
-    worker_overhead = sum(w - c for w, c, _ in honest_runs) / max(len(honest_runs), 1)
+    lines.append("")
+    for when in ("before stock", "after stock"):
+        run = phases["honest and crashing"][2][when]
+        times = sorted(run.graded_at[s] for s in honest if s in run.graded_at)
+        steady_engine = (times[-1] - times[0]) / (len(times) - 1)
+        total_engine = sum(ours[when].measured.wall for _, _, ours in phases.values())
+        runs = [run.code[s] for s in honest if s in run.code and kinds[s] not in ("crash_exit",)]
+        per = max(len(runs), 1)
+        lines.append(
+            f"- Engine {when}: steady state of the honest phase (time between consecutive notebooks, start-up "
+            f"excluded) {steady_engine:.3f} s per notebook against stock's {steady_stock:.2f} s: "
+            f"**{steady_stock / steady_engine:.1f}× the throughput**; all {len(kinds)} submissions "
+            f"{total_stock:.1f} s / {total_engine:.1f} s = {total_stock / total_engine:.1f}×. Worker overhead per notebook "
+            f"(fork to exit, minus its cells) {1000 * sum(w - c for w, c, _ in runs) / per:.0f} ms; cells themselves "
+            f"{1000 * sum(c for _, c, _ in runs) / per:.0f} ms wall, {1000 * sum(c for _, _, c in runs) / per:.0f} ms CPU."
+        )
     lines += [
-        f"| all ({len(kinds)}) | both | {total_stock:.1f} / {total_engine:.1f} | | {total_stock / total_engine:.1f}× | | | | | |",
-        "",
-        f"Steady state, honest phase (time between consecutive notebooks, start-up excluded): stock "
-        f"{steady_stock:.2f} s per notebook, engine {steady_engine:.3f} s: {steady_stock / steady_engine:.1f}× the throughput.",
-        f"Honest scores identical: {same}/{len(compared)} graded cells "
+        f"- Honest scores identical: {same}/{len(compared)} graded cells "
         f"({len({k[0] for k in compared})} submissions; os._exit and hangs excluded)"
         + (f"; differing: {', '.join(differing)}" if differing else "") + ".",
-        f"Engine worker overhead per notebook (fork to exit, minus its cells): {1000 * worker_overhead:.0f} ms; "
-        f"cells themselves: {1000 * sum(c for _, c, _ in honest_runs) / max(len(honest_runs), 1):.0f} ms wall, "
-        f"{1000 * sum(c for _, _, c in honest_runs) / max(len(honest_runs), 1):.0f} ms CPU per notebook.",
-        f"Load average after: {os.getloadavg()[0]:.1f}.",
+        f"- Load average after: {os.getloadavg()[0]:.1f}.",
     ]
     publish("\n".join(lines), "grading")
     if not args.keep:
