@@ -221,15 +221,15 @@ def main() -> None:
     for phase, students, budget in (("honest and crashing", honest, max(60, args.timeout)), ("hanging", hanging, args.timeout)):
         print(f"{phase}: {len(students)} submissions", file=sys.stderr)
         chosen = [a for s in students for a in ("--student", s)]
-        ours = [str(BIN / "autograder"), "grade", *slugs, *chosen, "--force", "--jobs", str(args.jobs), "--timeout", str(budget)]
-        before = _engine_run(ours, engine.root)
+        grade = [str(BIN / "autograder"), "grade", *slugs, *chosen, "--force", "--jobs", str(args.jobs), "--timeout", str(budget)]
+        before = _engine_run(grade, engine.root)
         stock_runs = []
         for slug in slugs:  # nbgrader autograde takes one assignment; the other phase's students are excluded
             others = ",".join(s for s in kinds if s not in students)
             stock_runs.append(measured([str(BIN / "nbgrader"), "autograde", slug, "--force", f"--Execute.timeout={budget}",
                                         f"--CourseDirectory.student_id_exclude={others}",
                                         "--Application.log_format=%(created)f %(message)s"], stock.root))
-        after = _engine_run(ours, engine.root)
+        after = _engine_run(grade, engine.root)
         theirs = Measured(sum(r.wall for r in stock_runs), sum(r.cpu for r in stock_runs),
                           max(r.peak_pss for r in stock_runs), max(r.peak_rss for r in stock_runs))
         phases[phase] = (students, theirs, {"before stock": before, "after stock": after})
