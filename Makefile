@@ -38,6 +38,8 @@ $(STAMP): pyproject.toml constraints.txt
 	  echo "error: '$(PYTHON) -m venv' failed. On Debian/Ubuntu: apt-get install python3-venv"; exit 1; }
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[lab,test]'
+	@# An editable install is not byte-compiled, and workers never write bytecode (-B).
+	$(BIN)/python -m compileall -q autograder
 	@touch $@
 
 # Pin every package of the environment (run after changing a version in pyproject.toml).
