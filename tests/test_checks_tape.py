@@ -1,6 +1,8 @@
 """Checks of the tape notebooks (01, 02), run in-process on the notebooks' own definitions."""
 from __future__ import annotations
 
+import gc
+
 import nbformat
 import pytest
 
@@ -73,3 +75,24 @@ def test_the_whole_tape_agrees_with_torch_on_many_random_programs(seed):
     checks.check_whole_tape(ns["grad"], *ops, programs=20, seed=1000 + seed)
     checks.check_grad(ns["grad"], programs=10, seed=seed)
     checks.check_topological_order(ns["topological_order"], programs=5, seed=seed)
+
+
+@pytest.mark.parametrize("enabled", [True, False], ids=["collector on", "collector off"])
+def test_the_deep_chain_leaves_garbage_collection_as_it_found_it(enabled):
+    """The collector pauses while the 10,000-deep chain is built, and only then: also when
+    the notebook's code raises, and never switched on for a student who switched it off."""
+    ns = namespace("01_tape_autograd")
+    (gc.enable if enabled else gc.disable)()
+    try:
+        checks.check_topological_order(ns["topological_order"])
+        assert gc.isenabled() is enabled
+
+        def broken_record(*args):
+            raise ValueError("broken record")
+
+        ns["record"] = broken_record
+        with pytest.raises(ValueError, match="broken record"):
+            checks.check_topological_order(ns["topological_order"])
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable()
