@@ -26,7 +26,7 @@ import sys
 
 if "google.colab" in sys.modules:  # Colab: install the course's checks, keep Colab's own torch
     %pip install --quiet --no-deps "autograd-course @ git+{url}" torchviz==0.0.3
-from autograder.notebook import setup
+from autograder.student import setup
 
 setup()'''
 

@@ -56,8 +56,8 @@ def grade(
     0) and flagged for manual review with the reason. Interrupt at any time: running the
     command again grades only what is left (use --force to grade everything again).
     """
-    from .engine.grade import GradingError, Options, grade as run
-    from .engine.limits import Limits
+    from .grader.grade import GradingError, Options, grade as run
+    from .isolation.limits import Limits
 
     options = Options(
         root=course.resolve(), assignments=list(assignments or []), students=list(student), force=force,

@@ -11,7 +11,7 @@ import torch
 from autograder.checks import inputs
 from autograder.checks.answers import check_answers
 from autograder.checks.functions import FunctionSpec, check_function
-from autograder.checks.report import CheckFailed
+from autograder.student.report import CheckFailed
 from autograder.exercises.function_basics import check_clipped_relu, check_linear
 
 
@@ -228,7 +228,7 @@ def _remote_finite_differences(fn, args, names):
 
 def _scale(backward):
     """Mul (x * w) with another backward."""
-    from autograder.exercises.save_for_backward import Mul
+    from autograder.student.save_for_backward import Mul
 
     class Scale(Mul):
         @staticmethod

@@ -15,10 +15,11 @@ import torch
 
 from answers import gradcheck as answers
 from autograder import authoring
-from autograder.checks import probe
+from autograder.student import probe
 from autograder.checks.remote import Remote, loopback
-from autograder.checks.report import CheckFailed, quiet
+from autograder.student.report import CheckFailed, quiet
 from autograder.exercises import gradcheck as checks
+from autograder.student import gradcheck as student_gradcheck
 from grading import exercises
 
 NOTEBOOK = nbformat.read(authoring.solution_path("05_gradcheck"), as_version=4)
@@ -203,7 +204,7 @@ def test_reference_jacobians_equal_torchs_own():
 
 def test_every_diagnosis_case_fails_gradcheck_and_has_a_key():
     key = namespace()["diagnoses"]
-    for question, (_, fn, inputs, options) in checks.diagnosis_cases().items():
+    for question, (_, fn, inputs, options) in student_gradcheck.diagnosis_cases().items():
         with quiet():
             assert not torch.autograd.gradcheck(fn, inputs, raise_exception=False, **options), question
         assert key[question] in checks.DIAGNOSIS_CHOICES
@@ -277,7 +278,7 @@ def test_functions_handed_to_student_code_cross_by_name():
     generator = torch.Generator().manual_seed(0)
     cases = checks._jacobian_cases(generator) + checks._mini_gradcheck_cases(generator)
     handed = [c.f for c in cases] + [a.f for a in checks._approximations(generator)]
-    handed += list(checks._ONE_WRONG_ENTRY.values())
+    handed += list(student_gradcheck.ONE_WRONG_ENTRY.values())
     for f in handed:
         key = probe.REFERENCE_KEYS[id(f)]
-        assert probe.REFERENCES[key] is f and key.startswith("autograder.exercises.gradcheck:")
+        assert probe.REFERENCES[key] is f and key.startswith("autograder.student.gradcheck:")

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from autograder.checks.remote import Remote, loopback
-from autograder.checks.report import CheckFailed
+from autograder.student.report import CheckFailed
 from autograder.exercises import gradient_patterns as gp
 
 

@@ -11,7 +11,7 @@ import torch
 
 from autograder import authoring
 from autograder.checks.remote import Remote, loopback
-from autograder.checks.report import CheckFailed
+from autograder.student.report import CheckFailed
 from autograder.exercises.save_for_backward import check_saved_by, check_sigmoid, check_sort, check_tanh_
 
 

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from autograder.checks.remote import Remote, loopback
-from autograder.checks.report import CheckFailed
-from autograder.checks.saved import Backward, Names, SaveRule, check_saved, classify, observe, record, show_saved, summary
+from autograder.student.report import CheckFailed
+from autograder.checks.saved import Backward, SaveRule, check_saved, observe
+from autograder.student.saved import Names, classify, record, show_saved, summary
 
 
 def leaf(*shape: int) -> torch.Tensor:

@@ -8,7 +8,7 @@ import pytest
 
 from answers import higher_order_and_fusion, tape_autograd
 from autograder import authoring
-from autograder.checks.report import CheckFailed
+from autograder.student.report import CheckFailed
 from autograder.exercises import tape_autograd as checks
 from grading import exercises, namespace
 

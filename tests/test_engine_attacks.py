@@ -318,7 +318,7 @@ def test_every_attacker_is_flagged_with_the_reason(attacked, attack):
 def test_python_installed_under_tmp_runs_in_the_sandbox(tmp_path):
     """A checkout under /tmp (as CI makes) must keep the sandbox: its scratch /tmp is an
     empty file system, and the Python inside it is bound on top, nothing else of /tmp."""
-    from autograder.engine import sandbox
+    from autograder.isolation import sandbox
 
     venv = Path(tempfile.mkdtemp(dir="/tmp")) / "venv"
     try:

@@ -8,10 +8,10 @@ import nbformat
 import pytest
 from nbgrader.utils import determine_grade
 
-from autograder.engine import sandbox
-from autograder.scan import imported
-from autograder.engine.limits import Limits
-from autograder.engine.pool import Pool, Program
+from autograder.isolation import sandbox
+from autograder.grader.scan import imported
+from autograder.isolation.limits import Limits
+from autograder.grader.pool import Pool, Program
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,7 @@ CELLS = {
     "magics": "%time x = 1\n!echo shell",
     "cell_magic": "%%capture captured\nprint('hidden')",
     "error": "1 / 0",
-    "check_failed": "from autograder.checks.report import fail\nfail('wrong gradient', 'x = 1', cause='a reason')",
+    "check_failed": "from autograder.student.report import fail\nfail('wrong gradient', 'x = 1', cause='a reason')",
     "silenced": "get_ipython().set_custom_exc((Exception,), lambda *a, **k: None)\nraise ValueError('swallowed')",
     "state": "x = 41",
     "uses_state": "x + 1",

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from autograder.engine.protocol import Channel, ChannelClosed, ProtocolError
+from autograder.runner.protocol import Channel, ChannelClosed, ProtocolError
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ import functools
 import pytest
 import torch
 
-import autograder.exercises.function_basics as basics
-from autograder.checks import integrity, probe
+import autograder.student.gradient_patterns as gradient_patterns
+from autograder.student import integrity, probe
 
 
 @pytest.fixture
@@ -50,12 +50,12 @@ def test_tensor_methods_and_operators_added_are_removed(watched):
 def test_probe_procedures_replaced_in_place_are_put_back(watched):
     key, original = next(iter(probe.PROCEDURES.items()))
     probe.PROCEDURES[key] = lambda *args: 0.0
-    assert integrity.restore() == [f"autograder.checks.probe.PROCEDURES.{key} was replaced"]
+    assert integrity.restore() == [f"autograder.student.probe.PROCEDURES.{key} was replaced"]
     assert probe.PROCEDURES[key] is original
 
 
-def test_course_checks_replaced_are_put_back(watched):
-    check = basics.check_clipped_relu
-    basics.check_clipped_relu = lambda *args, **kwargs: None
-    assert integrity.restore() == ["autograder.exercises.function_basics.check_clipped_relu was replaced"]
-    assert basics.check_clipped_relu is check
+def test_the_student_sides_procedures_replaced_are_put_back(watched):
+    procedure = gradient_patterns.run_unbroadcast
+    gradient_patterns.run_unbroadcast = lambda *args, **kwargs: None
+    assert integrity.restore() == ["autograder.student.gradient_patterns.run_unbroadcast was replaced"]
+    assert gradient_patterns.run_unbroadcast is procedure

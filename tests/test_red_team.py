@@ -105,12 +105,12 @@ ATTACKS = {
         functions.check_function = lambda *args, **kwargs: None
     """, "autograder.exercises.function_basics.check_clipped_relu was replaced", False),
     "patch_check_failures": ("""
-        import autograder.checks.report as report
+        import autograder.student.report as report
         report.CheckFailed = type("CheckFailed", (BaseException,), {{}})
         report.fail = lambda *args, **kwargs: None
     """, "was replaced", False),
     "forge_probe_answers": ("""
-        import autograder.checks.probe as probe
+        import autograder.student.probe as probe
         for key in list(probe.PROCEDURES):
             probe.PROCEDURES[key] = lambda *args, **kwargs: 0.0
     """, "tampering suspected", False),

@@ -13,7 +13,7 @@ import pytest
 from answers import for_notebook
 from autograder import authoring
 from autograder.checks.remote import RemoteError, loopback
-from autograder.verdicts import Judge, StudentNames, is_test_cell, run_cell, verdicts
+from autograder.grader.verdicts import Judge, StudentNames, is_test_cell, run_cell, verdicts
 from grading import exercises, namespace
 
 SLUGS = authoring.assignments()
@@ -97,7 +97,7 @@ def test_warm_pays_the_graders_first_call_costs_before_any_verdict():
     grad_outputs imports nothing more; the students' own modules stay out of the grader."""
     code = textwrap.dedent("""
         import sys, torch
-        from autograder.verdicts import warm
+        from autograder.grader.verdicts import warm
         warm(["autograder.exercises.tape_autograd", "matplotlib", "autograder.no_such_module"])
         before = set(sys.modules)
         x = torch.ones(2, requires_grad=True)

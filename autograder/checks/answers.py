@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Collection, Mapping
 
-from .report import fail, note, passed
+from ..student.report import fail, note, passed
 
 
 def _normalise(value: object) -> str:

@@ -14,8 +14,9 @@ from typing import Any, Callable
 import torch
 from torch.autograd.gradcheck import GradcheckError
 
-from . import devices, explain, inputs, introspect, probe
-from .report import fail, note, passed, quiet, shape, show
+from ..student import devices, introspect, probe
+from . import explain, inputs
+from ..student.report import fail, note, passed, quiet, shape, show
 
 Hint = Callable[[tuple, int, torch.Tensor], "str | None"]
 

@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import torch
 
-from ..checks import devices, explain, inputs, probe
+from ..checks import explain, inputs
+from ..student import devices, double_backward, probe
 from ..checks.functions import FunctionSpec, check_function
-from ..checks.report import fail, note, passed, quiet, show
+from ..student.report import fail, note, passed, quiet, show
 
 
 def _uniform_cases(shapes: Sequence[Sequence[int]]):
@@ -78,58 +79,17 @@ def check_cube_backward(
 
 # --- Hessian-vector products ---------------------------------------------------------------
 
-class _CubeBackward(torch.autograd.Function):
-    """grad_out * 3x² as a Function of its own: counts how often it is differentiated."""
-
-    calls = 0
-
-    @staticmethod
-    def forward(ctx, grad_out, x):
-        ctx.save_for_backward(grad_out, x)
-        return grad_out * 3 * x**2
-
-    @staticmethod
-    def backward(ctx, grad):
-        _CubeBackward.calls += 1
-        grad_out, x = ctx.saved_tensors
-        return grad * 3 * x**2, grad * grad_out * 6 * x
-
-
-class _Cube(torch.autograd.Function):
-    """x³, whose backward is _CubeBackward: differentiating its gradient calls _CubeBackward.backward."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x**3
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        (x,) = ctx.saved_tensors
-        return _CubeBackward.apply(grad_out, x)
-
-
 Scalar = Callable[[torch.Tensor], torch.Tensor]
-
-# The functions hvp is tested on, as f(x, *params): they cross to the student's process by
-# name (the params, fixed random matrices, as tensors), where f(x) = f(x, *params) is built.
-_SIN_X = probe.reference(f"{__name__}:sin_x", lambda x: (x.sin() * x).sum())
-_QUADRATIC = probe.reference(
-    f"{__name__}:quadratic", lambda x, a: x.flatten() @ a @ x.flatten() / 2 + (x**4).sum()
-)
-_LOGSUMEXP = probe.reference(f"{__name__}:logsumexp", lambda x, w: torch.logsumexp(w @ x.flatten(), 0))
-_CUBE_SIN = probe.reference(f"{__name__}:cube_sin", lambda x: _Cube.apply(x).sin().sum())
-
 
 def _hvp_functions(n: int, generator: torch.Generator) -> list[tuple[str, Callable, list[torch.Tensor]]]:
     """(description, f, params) of scalar functions f(x, *params); A and W are fixed random matrices."""
     a = inputs.normal((n, n), generator)
     w = inputs.normal((3, n), generator)
     return [
-        ("f(x) = (x.sin() * x).sum()", _SIN_X, []),
-        ("f(x) = x·A·x / 2 + (x**4).sum(), A not symmetric", _QUADRATIC, [a]),
-        ("f(x) = torch.logsumexp(W @ x, 0)", _LOGSUMEXP, [w]),
-        ("f(x) = Cube.apply(x).sin().sum(), Cube a custom Function", _CUBE_SIN, []),
+        ("f(x) = (x.sin() * x).sum()", double_backward.SIN_X, []),
+        ("f(x) = x·A·x / 2 + (x**4).sum(), A not symmetric", double_backward.QUADRATIC, [a]),
+        ("f(x) = torch.logsumexp(W @ x, 0)", double_backward.LOGSUMEXP, [w]),
+        ("f(x) = Cube.apply(x).sin().sum(), Cube a custom Function", double_backward.CUBE_SIN, []),
     ]
 
 
@@ -152,7 +112,7 @@ class _HvpCall:
     error: probe.ProbeError | None  # what it raised
     f_had_graph: bool  # every f(x) it computed required grad
     x_changed: bool  # the caller's x lost or gained requires_grad, got a .grad, or changed values
-    backward_calls: int  # how often the gradient of Cube (in f) was differentiated
+    backward_passes: int  # how many backward passes reached the x that hvp gave f
 
     @staticmethod
     def from_data(data: Any) -> "_HvpCall":
@@ -165,36 +125,10 @@ class _HvpCall:
         if not (
             (found.value is None or isinstance(found.value, torch.Tensor)) and isinstance(found.type, str)
             and isinstance(found.f_had_graph, bool) and isinstance(found.x_changed, bool)
-            and isinstance(found.backward_calls, int)
+            and isinstance(found.backward_passes, int)
         ):
             raise probe.Malformed("malformed hvp call")
         return found
-
-
-@probe.procedure
-def _call_hvp(hvp: Any, f: Callable, params: list, x: torch.Tensor, v: torch.Tensor) -> dict:
-    """hvp(f(·, *params), x, v), and what it did to x and with f (best effort: see _HvpCall)."""
-    values = []  # what f returned to the student's code
-
-    def traced(x):
-        values.append(f(x, *params))
-        return values[-1]
-
-    before, requires_grad = x.detach().clone(), x.requires_grad
-    _CubeBackward.calls = 0
-    value, error = None, None
-    try:
-        value = hvp(traced, x, v)
-    except Exception as exc:  # the student's code may raise anything
-        error = asdict(probe.ProbeError("call", type(exc).__name__, str(exc)))
-    return {
-        "value": value if isinstance(value, torch.Tensor) else None,
-        "type": type(value).__name__,
-        "error": error,
-        "f_had_graph": all(y.requires_grad for y in values),
-        "x_changed": x.requires_grad != requires_grad or x.grad is not None or not torch.equal(x.detach(), before),
-        "backward_calls": _CubeBackward.calls,
-    }
 
 
 def _hvp_error(error: probe.ProbeError, f_had_graph: bool) -> tuple[str, str | None]:
@@ -252,7 +186,7 @@ def _check_hvp_once(
     __tracebackhide__ = True
     want, ones, grad = _reference(lambda x: f(x, *params), x, v)
     shown = [label, f"x = {show(x)}", f"v = {show(v)}"]
-    call = _HvpCall.from_data(probe.invoke(_call_hvp, hvp, f, params, x, v))
+    call = _HvpCall.from_data(probe.invoke(double_backward.call_hvp, hvp, f, params, x, v))
     if call.error is not None:
         what, cause = _hvp_error(call.error, call.f_had_graph)
         fail(f"{what}.", *shown, cause=cause)
@@ -272,9 +206,9 @@ def _check_hvp_once(
             explain.mismatch(want.cpu(), actual.cpu(), rtol=rtol, atol=atol),
             cause=_hvp_cause(actual, want, ones, grad, rtol=rtol, atol=atol),
         )
-    if call.backward_calls > 2:
+    if call.backward_passes > 2:
         fail(
-            f"hvp differentiated the gradient of f {call.backward_calls} times for an x of "
+            f"hvp ran {call.backward_passes} backward passes through f for an x of "
             f"{x.numel()} elements: it builds the whole Hessian, one backward pass per entry.",
             *shown,
             cause="an HVP needs two backward passes whatever the size of x: the gradient with "

@@ -8,9 +8,10 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..checks import inputs, introspect
+from ..checks import inputs
+from ..student import introspect
 from ..checks.functions import FunctionSpec, check_function
-from ..checks.report import fail, passed, quiet
+from ..student.report import fail, passed, quiet
 
 
 # --- ClippedReLU -------------------------------------------------------------------------

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch.autograd.gradcheck import GradcheckError
 
-from ..checks import devices, explain, inputs, probe
+from ..checks import explain, inputs
+from ..student import devices, gradcheck, probe
 from ..checks.functions import FunctionSpec, check_function
-from ..checks.report import fail, note, passed, quiet, show
+from ..student.report import fail, note, passed, quiet, show
 
 Jacobians = list[list[torch.Tensor]]
 
@@ -78,86 +79,12 @@ def analytical_jacobian(f: Callable, inputs: Sequence[torch.Tensor]) -> Jacobian
 
 # --- Functions the checks differentiate ----------------------------------------------------
 
-class _OneWrongEntry(torch.autograd.Function):
-    """(2 x, x @ w), whose backward is wrong in one entry of d(x @ w)/dw: J[1][1][row, col]."""
-
-    @staticmethod
-    def forward(ctx, x, w, row, col):
-        ctx.save_for_backward(x, w)
-        ctx.row, ctx.col = row, col
-        return 2 * x, x @ w
-
-    @staticmethod
-    def backward(ctx, grad_double, grad_product):
-        x, w = ctx.saved_tensors
-        grad_w = x.T @ grad_product
-        grad_w.view(-1)[ctx.row] += 0.5 * grad_product.reshape(-1)[ctx.col]
-        return 2 * grad_double + grad_product @ w.T, grad_w, None, None
-
-
-def _elementwise(name: str, forward: Callable, derivative: Callable, *, chain_rule: bool = True):
-    """An elementwise Function: forward(x), and a backward that returns
-    grad_output * derivative(x) (or, without the chain rule, derivative(x) alone)."""
-
-    class Elementwise(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            ctx.save_for_backward(x)
-            return forward(x)
-
-        @staticmethod
-        def backward(ctx, grad_output):
-            (x,) = ctx.saved_tensors
-            return grad_output * derivative(x) if chain_rule else derivative(x)
-
-    Elementwise.__name__ = Elementwise.__qualname__ = name
-    return Elementwise
-
-
-def _tanh_derivative(x: torch.Tensor) -> torch.Tensor:
-    return 1 - x.tanh() ** 2
-
-
-_WRONG_BACKWARD = _elementwise("ExpWithWrongBackward", torch.exp, lambda x: x.exp() + 0.5)
-
-
-def _handed(name: str, fn: Callable) -> Callable:
-    """Register `fn`, a function the checks hand to student code: it crosses processes by name."""
-    return probe.reference(f"{__name__}:{name}", fn)
-
-
-# numerical_jacobian's functions
-_EXP_WITH_WRONG_BACKWARD = _handed("exp_with_wrong_backward", _WRONG_BACKWARD.apply)
-_EXP_1_5X = _handed("exp_1_5x", lambda x: (1.5 * x).exp())
-_MATMUL = _handed("matmul", lambda x, w: x @ w)
-_SIN_CUMSUM = _handed("sin_cumsum", lambda x: x.sin().cumsum(0))
-_PRODUCT_AND_DISTANCE = _handed("product_and_distance", lambda x, y: (x * y, (x - y).pow(2).sum()))
-# mini_gradcheck's functions; one OneWrongEntry per wrong entry (row, col), drawn at random
-_TANH = _handed("tanh", lambda x: torch.tanh(x))
-_SIN_AND_PRODUCT = _handed("sin_and_product", lambda x, y: (x.sin(), x * y))
-_ONE_WRONG_ENTRY = {
-    (row, col): _handed(f"one_wrong_entry_{row}_{col}",
-                        lambda x, w, row=row, col=col: _OneWrongEntry.apply(x, w, row, col))
-    for row in range(6) for col in range(4)
-}
-_TANH_IGNORES_GRAD_OUTPUT = _handed(
-    "tanh_ignores_grad_output",
-    _elementwise("TanhIgnoresGradOutput", torch.tanh, _tanh_derivative, chain_rule=False).apply,
-)
-_TANH_OFF_BY = {
-    k: _handed(f"tanh_off_by_{k:g}",
-               _elementwise(f"TanhOffBy{k:g}", torch.tanh, lambda x, k=k: _tanh_derivative(x) * (1 + k)).apply)
-    for k in (5e-4, 5e-3)
-}
-_EXP_2X = _handed("exp_2x", lambda x: (2 * x).exp())
-
-
 @dataclass(frozen=True)
 class Case:
     """A function of float64 tensors the checks differentiate, described for messages."""
 
     name: str
-    f: Callable  # registered (_handed): it is handed to student code
+    f: Callable  # registered in autograder.student.gradcheck: it is handed to student code
     inputs: tuple[torch.Tensor, ...]
     options: dict = field(default_factory=dict)  # eps, atol, rtol for mini_gradcheck
     cause: str | None = None  # the likely mistake when a verdict differs from torch's
@@ -180,11 +107,11 @@ def _jacobian_cases(generator: torch.Generator) -> list[Case]:
     (square, not symmetric) Jacobian, and two outputs."""
     g = generator
     return [
-        Case("ExpWithWrongBackward (a Function whose backward is wrong)", _EXP_WITH_WRONG_BACKWARD, (_uniform(g, 3),)),
-        Case("exp(1.5 * x)", _EXP_1_5X, (_uniform(g, 2, 3),)),
-        Case("x @ w", _MATMUL, (_uniform(g, 2, 3), _uniform(g, 3, 2))),
-        Case("sin(x).cumsum(0)", _SIN_CUMSUM, (_uniform(g, 4),)),
-        Case("(x * y, (x - y).pow(2).sum())", _PRODUCT_AND_DISTANCE, (_uniform(g, 3), _uniform(g, 3))),
+        Case("ExpWithWrongBackward (a Function whose backward is wrong)", gradcheck.EXP_WITH_WRONG_BACKWARD, (_uniform(g, 3),)),
+        Case("exp(1.5 * x)", gradcheck.EXP_1_5X, (_uniform(g, 2, 3),)),
+        Case("x @ w", gradcheck.MATMUL, (_uniform(g, 2, 3), _uniform(g, 3, 2))),
+        Case("sin(x).cumsum(0)", gradcheck.SIN_CUMSUM, (_uniform(g, 4),)),
+        Case("(x * y, (x - y).pow(2).sum())", gradcheck.PRODUCT_AND_DISTANCE, (_uniform(g, 3), _uniform(g, 3))),
     ]
 
 
@@ -192,13 +119,6 @@ def _jacobian_cases(generator: torch.Generator) -> list[Case]:
 #
 # Every exercise of this notebook is a function student(f, inputs, ...). It runs where the
 # student's code is (the procedure `_attempted`); only plain data comes back to be judged.
-
-_REPORT_FIELDS = ("output", "input", "row", "col", "numerical", "analytical")
-
-
-def _is_mismatch_report(exc: BaseException) -> bool:
-    return all(hasattr(exc, name) for name in _REPORT_FIELDS)
-
 
 @dataclass
 class Raised:
@@ -208,7 +128,7 @@ class Raised:
     message: str
     type_error: bool  # isinstance(exception, TypeError)
     not_implemented: bool  # isinstance(exception, NotImplementedError)
-    report: dict | None  # the fields of a JacobianMismatch (_REPORT_FIELDS), when it has them all
+    report: dict | None  # the fields of a JacobianMismatch (gradcheck.REPORT_FIELDS), when it has them all
 
     @staticmethod
     def from_data(data: Any) -> "Raised | None":
@@ -221,7 +141,7 @@ class Raised:
         if not (isinstance(raised.type, str) and isinstance(raised.message, str)
                 and isinstance(raised.type_error, bool) and isinstance(raised.not_implemented, bool)
                 and (raised.report is None
-                     or isinstance(raised.report, dict) and set(raised.report) == set(_REPORT_FIELDS))):
+                     or isinstance(raised.report, dict) and set(raised.report) == set(gradcheck.REPORT_FIELDS))):
             raise probe.Malformed("malformed exception report")
         return raised
 
@@ -235,12 +155,14 @@ class Outcome:
 
 def _attempt(
     student: Any, f: Callable, inputs: Any, *rest: Any,
-    options: dict | None = None, reference_numerical_jacobian: bool = False,
+    options: dict | None = None, torch_numerical_jacobian: bool = False,
 ) -> Outcome:
-    """`student(f, inputs, *rest, **options)`, quietly; with `reference_numerical_jacobian`,
-    the reference numerical_jacobian replaces the student's while it runs."""
-    with quiet():
-        data = probe.invoke(_attempted, student, f, inputs, rest, dict(options or {}), reference_numerical_jacobian)
+    """`student(f, inputs, *rest, **options)`, quietly; with `torch_numerical_jacobian`,
+    torch's own finite differences replace the notebook's numerical_jacobian while it runs
+    (so that exercise 5.2 is graded independently of exercise 5.1)."""
+    replacements = {"numerical_jacobian": gradcheck.torch_numerical_jacobian} if torch_numerical_jacobian else {}
+    with quiet(), probe.substituted(student, replacements):
+        data = probe.invoke(gradcheck.attempted, student, f, inputs, rest, dict(options or {}))
     if not isinstance(data, dict) or set(data) != {"value", "raised", "inputs"}:
         raise probe.Malformed("malformed outcome")
     if not _same_form(data["inputs"], inputs):
@@ -254,36 +176,6 @@ def _same_form(after: Any, before: Any) -> bool:
         return isinstance(after, torch.Tensor)
     return (isinstance(after, (list, tuple)) and len(after) == len(before)
             and all(isinstance(a, torch.Tensor) for a in after))
-
-
-@probe.procedure
-def _attempted(student: Callable, f: Callable, inputs: Any, rest: tuple, options: dict,
-               reference_numerical_jacobian: bool) -> dict:
-    """Run `student(f, inputs, *rest, **options)` (see `_attempt`): its value or what it
-    raised, and `inputs` afterwards. Best effort: the exception's type, message and
-    JacobianMismatch fields are as the student's code made them."""
-    value, raised = None, None
-    substituted = (_reference_numerical_jacobian(student) if reference_numerical_jacobian
-                   else contextlib.nullcontext())
-    with substituted:
-        try:
-            value = student(f, inputs, *rest, **options)
-        except Exception as exc:  # the student's code may raise anything
-            raised = _described(exc)
-    return {"value": value, "raised": raised, "inputs": inputs}
-
-
-def _described(exc: Exception) -> dict:
-    report = {name: _plain(getattr(exc, name)) for name in _REPORT_FIELDS} if _is_mismatch_report(exc) else None
-    return {"type": type(exc).__name__, "message": str(exc), "type_error": isinstance(exc, TypeError),
-            "not_implemented": isinstance(exc, NotImplementedError), "report": report}
-
-
-def _plain(value: Any) -> Any:
-    """A field of a JacobianMismatch as plain data: numbers and tensors as they are, else its repr."""
-    if value is None or isinstance(value, (bool, int, float, str, torch.Tensor)):
-        return value
-    return repr(value)
 
 
 def _call(label: str, student: Callable, f: Callable, inputs: Any, *rest: Any) -> Any:
@@ -487,23 +379,23 @@ def _mini_gradcheck_cases(generator: torch.Generator) -> list[Case]:
     tolerance = ("an entry passes when |analytical - numerical| <= atol + rtol * |numerical| "
                  "(torch.allclose(analytical, numerical, rtol=rtol, atol=atol)).")
     return [
-        Case("tanh(x)", _TANH, (_uniform(g, 2, 3),)),
-        Case("x @ w", _MATMUL, (x, w)),
-        Case("(sin(x), x * y) (output 0 does not depend on y)", _SIN_AND_PRODUCT,
+        Case("tanh(x)", gradcheck.TANH, (_uniform(g, 2, 3),)),
+        Case("x @ w", gradcheck.MATMUL, (x, w)),
+        Case("(sin(x), x * y) (output 0 does not depend on y)", gradcheck.SIN_AND_PRODUCT,
              (_uniform(g, 3), _uniform(g, 3)),
              cause="where an output does not depend on an input, its Jacobian block is zero."),
         Case(f"OneWrongEntry: (2 x, x @ w) whose backward is wrong at J[1][1][{row}, {col}]",
-             _ONE_WRONG_ENTRY[row, col], (x.clone(), w.clone()),
+             gradcheck.ONE_WRONG_ENTRY[row, col], (x.clone(), w.clone()),
              cause="compare every entry of every (output, input) pair."),
-        Case("tanh(x) whose backward ignores grad_output", _TANH_IGNORES_GRAD_OUTPUT, (_uniform(g, 3),),
+        Case("tanh(x) whose backward ignores grad_output", gradcheck.TANH_IGNORES_GRAD_OUTPUT, (_uniform(g, 3),),
              cause="compare every entry of every (output, input) pair, off-diagonal ones too."),
-        Case("tanh(x) whose backward is 0.05% too large (inside rtol)", _TANH_OFF_BY[5e-4],
+        Case("tanh(x) whose backward is 0.05% too large (inside rtol)", gradcheck.TANH_OFF_BY[5e-4],
              (_uniform(g, 4),), cause=tolerance),
-        Case("tanh(x) whose backward is 0.5% too large (outside rtol)", _TANH_OFF_BY[5e-3],
+        Case("tanh(x) whose backward is 0.5% too large (outside rtol)", gradcheck.TANH_OFF_BY[5e-3],
              (_uniform(g, 4),), cause=tolerance),
-        Case("tanh(x) whose backward is 0.5% too large, checked with rtol=0.01", _TANH_OFF_BY[5e-3],
+        Case("tanh(x) whose backward is 0.5% too large, checked with rtol=0.01", gradcheck.TANH_OFF_BY[5e-3],
              (_uniform(g, 4),), {"rtol": 1e-2}, cause="use the atol and rtol you are given."),
-        Case("exp(2 x) at eps=0.1 (truncation error fails it)", _EXP_2X, (_uniform(g, 3),),
+        Case("exp(2 x) at eps=0.1 (truncation error fails it)", gradcheck.EXP_2X, (_uniform(g, 3),),
              {"eps": 0.1}, cause="pass `eps` on to numerical_jacobian."),
     ]
 
@@ -517,22 +409,6 @@ def _torch_verdict(case: Case) -> str | None:
         except GradcheckError as exc:
             return str(exc).strip().splitlines()[0].rstrip(",")
     return None
-
-
-@contextlib.contextmanager
-def _reference_numerical_jacobian(function: Callable) -> Iterator[None]:
-    """Let the student's mini_gradcheck use the reference numerical_jacobian while it is
-    checked, so that exercise 5.2 is graded independently of exercise 5.1."""
-    namespace = getattr(function, "__globals__", {})
-    missing = object()
-    saved = namespace.get("numerical_jacobian", missing)
-    if saved is not missing:
-        namespace["numerical_jacobian"] = numerical_jacobian
-    try:
-        yield
-    finally:
-        if saved is not missing:
-            namespace["numerical_jacobian"] = saved
 
 
 def check_mini_gradcheck(mini_gradcheck: Callable, analytical: Callable, *, seed: int | None = 0) -> None:
@@ -567,7 +443,7 @@ def _check_verdict(mini_gradcheck: Callable, case: Case) -> None:
     __tracebackhide__ = True
     label = f"mini_gradcheck(f, inputs{_options_text(case.options)}) for f = {case.name}"
     expected = _torch_verdict(case)
-    outcome = _attempt(mini_gradcheck, case.f, case.inputs, options=case.options, reference_numerical_jacobian=True)
+    outcome = _attempt(mini_gradcheck, case.f, case.inputs, options=case.options, torch_numerical_jacobian=True)
     result, raised = outcome.value, outcome.raised
     if raised is not None:
         if raised.report is None:
@@ -608,7 +484,7 @@ def _fail_false_alarm(label: str, case: Case, raised: Raised) -> None:
     if report is not None:
         with contextlib.suppress(Exception):  # the report may name an entry that does not exist
             numerical, analytical = _reference_jacobians(case)
-            i, j, row, col = (report[name] for name in _REPORT_FIELDS[:4])
+            i, j, row, col = (report[name] for name in gradcheck.REPORT_FIELDS[:4])
             n = numerical[i][j][row, col].item()
             a = analytical[i][j][row, col].item()
             allowed = case.options.get("atol", 1e-5) + case.options.get("rtol", 1e-3) * abs(n)
@@ -626,7 +502,7 @@ def _check_report(label: str, case: Case, raised: Raised, expected: str) -> None
     __tracebackhide__ = True
     numerical, analytical = _reference_jacobians(case)
     report = raised.report
-    i, j, row, col = (report[name] for name in _REPORT_FIELDS[:4])
+    i, j, row, col = (report[name] for name in gradcheck.REPORT_FIELDS[:4])
     context = [f"your report: {raised.message.strip()}", f"torch's gradcheck: {expected}", *case.describe()]
     valid = (isinstance(i, int) and isinstance(j, int) and 0 <= i < len(numerical) and 0 <= j < len(numerical[0]))
     if not valid:
@@ -668,7 +544,7 @@ def _check_refuses_float32(mini_gradcheck: Callable, case: Case) -> None:
     __tracebackhide__ = True
     inputs32 = tuple(x.detach().float().requires_grad_() for x in case.inputs)
     label = f"mini_gradcheck(f, inputs) with float32 inputs, f = {case.name}"
-    outcome = _attempt(mini_gradcheck, case.f, inputs32, reference_numerical_jacobian=True)
+    outcome = _attempt(mini_gradcheck, case.f, inputs32, torch_numerical_jacobian=True)
     raised = outcome.raised
     if raised is not None and raised.type_error:
         return
@@ -765,23 +641,14 @@ class Approximation:
     eps: float
 
 
-# Elementwise Functions whose backward is the derivative plus a known error.
-_APPROX_EXP = _handed("approx_exp", _elementwise(
-    "ApproxExp", torch.exp, lambda x: x.exp() - 1e-4 / (1 + x * x)).apply)
-_APPROX_SIN2 = _handed("approx_sin2", _elementwise(
-    "ApproxSin2", lambda x: (2 * x).sin(), lambda x: 2 * (2 * x).cos() + 3e-4 * x * (5 * x).sin()).apply)
-_APPROX_SOFTPLUS = _handed("approx_softplus", _elementwise(
-    "ApproxSoftplus", torch.nn.functional.softplus, lambda x: torch.sigmoid(x) + 2e-5 * x * x).apply)
-
-
 def _approximations(generator: torch.Generator) -> list[Approximation]:
     g = generator
     return [
-        Approximation("exp(x), backward off by -1e-4 / (1 + x^2)", _APPROX_EXP,
+        Approximation("exp(x), backward off by -1e-4 / (1 + x^2)", gradcheck.APPROX_EXP,
                       _uniform(g, 400, low=-3.0, high=2.0), 1e-6),
-        Approximation("sin(2x), backward off by 3e-4 * x * sin(5x), x of shape (20, 25)", _APPROX_SIN2,
+        Approximation("sin(2x), backward off by 3e-4 * x * sin(5x), x of shape (20, 25)", gradcheck.APPROX_SIN2,
                       _uniform(g, 20, 25, low=-2.0, high=2.0), 1e-6),
-        Approximation("softplus(x), backward off by 2e-5 * x^2, at eps=1e-4", _APPROX_SOFTPLUS,
+        Approximation("softplus(x), backward off by 2e-5 * x^2, at eps=1e-4", gradcheck.APPROX_SOFTPLUS,
                       _uniform(g, 300, low=-4.0, high=4.0), 1e-4),
     ]
 
@@ -846,61 +713,3 @@ def _check_where(label: str, case: Approximation, where: float, worst: float) ->
     if error[at].max().item() < worst - 1e-8:
         fail(f"{label}: at x = {where:.6g} the error is {error[at].max().item():.6g}, "
              f"but the largest is {worst:.6g}.", cause="return the x of the entry with the largest error.")
-
-
-# --- Exercise 5.3's cases: gradcheck failures to diagnose from their messages -------------
-
-class _Normalize(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        s = x.sum()
-        ctx.save_for_backward(s)
-        return x / s
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        (s,) = ctx.saved_tensors
-        return grad_output / s
-
-
-class _Cube(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x**3
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        (x,) = ctx.saved_tensors
-        return 3 * x**2
-
-
-_A = torch.tensor([[1.0, 2.0, 0.0], [0.0, 1.0, 3.0], [4.0, 0.0, 1.0]], dtype=torch.float64)
-
-
-class _MatVec(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return _A @ x
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        return _A @ grad_output
-
-
-def diagnosis_cases() -> dict[str, tuple[str, Callable, tuple, dict]]:
-    """{question: (what is checked, function, inputs, gradcheck options)}; the code stays
-    hidden so that the message is all there is to read."""
-
-    def x(*values: float, dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor]:
-        return (torch.tensor(values, dtype=dtype, requires_grad=True),)
-
-    return {
-        "a": ("a Function for x / x.sum()", _Normalize.apply, x(0.5, 1.0, 1.5), {}),
-        "b": ("torch.tanh", torch.tanh, x(0.3, -1.2, 0.8, dtype=torch.float32), {}),
-        "c": ("a Function for x ** 3", _Cube.apply, x(0.5, -1.0, 2.0), {}),
-        "d": ("lambda x: x.amax()", lambda t: t.amax(), x(2.0, 2.0, 2.0), {}),
-        "e": ("a Function for A @ x, A a fixed 3 x 3 matrix", _MatVec.apply, x(0.3, -0.5, 1.2), {}),
-        "f": ("torch.exp", torch.exp, x(0.3, -0.5, 1.2), {"eps": 1e-14}),
-        "g": ("lambda x: x.clamp(-1, 1)", lambda t: t.clamp(-1, 1), x(0.3, 1.0, -0.4), {}),
-    }

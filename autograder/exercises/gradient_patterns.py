@@ -1,17 +1,16 @@
 """Checks for notebook 04_gradient_patterns."""
 from __future__ import annotations
 
-import contextlib
-import inspect
-from dataclasses import asdict, replace
-from typing import Any, Callable, Iterator, Sequence
+from dataclasses import replace
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from ..checks import devices, explain, inputs, introspect, probe
+from ..checks import explain, inputs
+from ..student import devices, gradient_patterns, introspect, probe
 from ..checks.functions import FunctionSpec, check_function
-from ..checks.report import fail, note, passed, quiet, show
+from ..student.report import fail, note, passed, quiet, show
 
 Shape = Sequence[int]
 Mistakes = Sequence[tuple[Callable[[], torch.Tensor], str]]
@@ -137,10 +136,6 @@ def check_batched_matmul(student: Any, *, sizes: Sequence[MatmulSizes] = MATMUL_
 
 # --- 4.3 unbroadcast ---------------------------------------------------------------------
 
-def unbroadcast_reference(grad: torch.Tensor, shape: Shape) -> torch.Tensor:
-    return grad.sum_to_size(tuple(shape))
-
-
 def _summed(grad: torch.Tensor, dims: list[int], keepdim: bool = False) -> torch.Tensor:
     return grad.sum(dims, keepdim=keepdim) if dims else grad
 
@@ -207,7 +202,7 @@ def _check_unbroadcast_once(student, grad: torch.Tensor, shape: Shape) -> None:
     except probe.StudentError as exc:
         what, cause = explain.error("unbroadcast", exc.type, exc.message, ["grad", "shape"])
         fail(f"{call}: {what}.", *given, cause=cause)
-    want = unbroadcast_reference(before, shape)
+    want = gradient_patterns.sum_to_size(before, shape)
     if not isinstance(got, torch.Tensor):
         fail(f"{call} returned {got}, not a tensor.", *given)
     if modified:
@@ -241,7 +236,7 @@ def _unbroadcast_on_meta(student, pairs: Sequence[tuple[Shape, Shape]]) -> str:
 def _call_unbroadcast(student: Any, grad: torch.Tensor, shape: Shape) -> tuple[torch.Tensor | str, bool]:
     """(what `student(grad, shape)` returned: a tensor, or the name of its type; whether it
     changed grad). Raises probe.StudentError if it raised."""
-    data = probe.invoke(_run_unbroadcast, student, grad, tuple(shape), isinstance(shape, torch.Size))
+    data = probe.invoke(gradient_patterns.run_unbroadcast, student, grad, tuple(shape), isinstance(shape, torch.Size))
     try:
         error = probe.ProbeError.from_data(data["error"])
         returned, modified = data["returned"], data["modified"]
@@ -252,20 +247,6 @@ def _call_unbroadcast(student: Any, grad: torch.Tensor, shape: Shape) -> tuple[t
     if not isinstance(returned, (torch.Tensor, str)) or not isinstance(modified, bool):
         raise probe.Malformed("malformed unbroadcast result")
     return returned, modified
-
-
-@probe.procedure
-def _run_unbroadcast(student: Any, grad: torch.Tensor, shape: tuple, as_size: bool) -> dict:
-    """Call the student's unbroadcast (with `shape` as a torch.Size if `as_size`, as in a
-    backward). Whether it changed grad is reported by the student's process: best effort."""
-    before = None if grad.device.type == "meta" else grad.clone()
-    try:
-        got = student(grad, torch.Size(shape) if as_size else shape)
-    except Exception as exc:  # the student's code may raise anything
-        error = probe.ProbeError("call", type(exc).__name__, str(exc))
-        return {"returned": None, "modified": False, "error": asdict(error)}
-    returned = got if isinstance(got, torch.Tensor) else type(got).__name__
-    return {"returned": returned, "modified": before is not None and not torch.equal(grad, before), "error": None}
 
 
 # --- 4.4 Affine, a broadcasting Function --------------------------------------------------
@@ -298,57 +279,12 @@ AFFINE = FunctionSpec(
 )
 
 
-@contextlib.contextmanager
-def course_unbroadcast(student: type[torch.autograd.Function]) -> Iterator[bool]:
-    """Run `student` with the reference `unbroadcast` in place of the notebook's own.
-
-    Exercise 4.3 grades the student's unbroadcast; substituting it here keeps a mistake
-    there from costing the points of this exercise too. Yields whether it substituted.
-    """
-    substituted = probe.invoke(_use_course_unbroadcast, student)
-    if not isinstance(substituted, bool):
-        raise probe.Malformed("malformed answer to the unbroadcast substitution")
-    try:
-        yield substituted
-    finally:
-        if substituted:
-            probe.invoke(_restore_unbroadcast, student)
-
-
-# The notebooks' own unbroadcast while the course's is in their place, by namespace (in the
-# student's process).
-_OWN_UNBROADCAST: dict[int, Any] = {}
-
-
-def _backward_globals(student: Any) -> dict:
-    """The namespace the student's backward looks names up in (its notebook's)."""
-    return getattr(inspect.unwrap(getattr(student, "backward", None)), "__globals__", {})
-
-
-@probe.procedure
-def _use_course_unbroadcast(student: Any) -> bool:
-    """Put the reference unbroadcast in place of the one the student's backward uses;
-    whether there was one (as the student's process reports it: best effort)."""
-    namespace = _backward_globals(student)
-    if namespace.get("unbroadcast") is None:
-        return False
-    _OWN_UNBROADCAST[id(namespace)] = namespace["unbroadcast"]
-    namespace["unbroadcast"] = unbroadcast_reference
-    return True
-
-
-@probe.procedure
-def _restore_unbroadcast(student: Any) -> None:
-    namespace = _backward_globals(student)
-    namespace["unbroadcast"] = _OWN_UNBROADCAST.pop(id(namespace))
-
-
 def check_affine(student: type[torch.autograd.Function], *, shapes: Sequence[AffineShapes] = AFFINE_SHAPES,
                  seed: int | None = 0) -> None:
     """Affine(x, weight, bias) = x * weight + bias, all three broadcasting."""
     __tracebackhide__ = True
     spec = replace(AFFINE, cases=_affine_cases(shapes))
-    with course_unbroadcast(student) as substituted:
+    with probe.substituted(student, {"unbroadcast": gradient_patterns.sum_to_size}) as substituted:
         check_function(student, spec, seed=seed)
         check_returned_shapes(student, "Affine", spec.cases(_generator(seed)))
     if substituted:

@@ -1,15 +1,17 @@
 """Checks for notebook 06_save_for_backward."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import torch
 
-from ..checks import devices, explain, inputs, probe
+from ..checks import explain, inputs
+from ..student import devices, probe, save_for_backward
 from ..checks.functions import FunctionSpec, check_function
-from ..checks.report import fail, passed, quiet, show
-from ..checks.saved import KINDS, Names, Recording, SaveRule, check_saved, non_leaf, record
+from ..student.report import fail, passed, quiet, show
+from ..checks.saved import SaveRule, check_saved
+from ..student.saved import KINDS, Names, Recording, non_leaf, record
 
 Cases = Callable[[torch.Generator], list[tuple]]
 
@@ -44,125 +46,6 @@ def _bytes(recording: Recording) -> str:
 # Small Functions, each saving something different, on which saved_by is compared with
 # the course's recorder.
 
-class Square(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        (x,) = ctx.saved_tensors
-        return 2 * x * grad_output
-
-
-class Exp(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        y = x.exp()
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        (y,) = ctx.saved_tensors
-        return grad_output * y
-
-
-class SinhIntermediates(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ex, enx = x.exp(), (-x).exp()
-        ctx.save_for_backward(ex, enx)
-        return (ex - enx) / 2
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        ex, enx = ctx.saved_tensors
-        return grad_output * (ex + enx) / 2
-
-
-class SquareTail(torch.autograd.Function):
-    """x[1:] ** 2: saves x[1:], a view that starts one element into x's memory."""
-
-    @staticmethod
-    def forward(ctx, x):
-        tail = x[1:]
-        ctx.save_for_backward(tail)
-        return tail * tail
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        (tail,) = ctx.saved_tensors
-        grad = tail.new_zeros((tail.shape[0] + 1, *tail.shape[1:]))
-        grad[1:] = 2 * tail * grad_output
-        return grad
-
-
-class ReLUMask(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        mask = x > 0
-        ctx.save_for_backward(mask)
-        return x * mask
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        (mask,) = ctx.saved_tensors
-        return grad_output * mask
-
-
-class Mul(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, a, b):
-        ctx.save_for_backward(a, b)
-        return a * b
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        a, b = ctx.saved_tensors
-        return grad_output * b, grad_output * a
-
-
-class SortValues(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        values, indices = x.sort(0)
-        ctx.mark_non_differentiable(indices)
-        ctx.save_for_backward(indices)
-        return values, indices
-
-    @staticmethod
-    def backward(ctx, grad_values, grad_indices):
-        (indices,) = ctx.saved_tensors
-        return torch.zeros_like(grad_values).scatter(0, indices, grad_values)
-
-
-class ExpInPlace(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        x.exp_()
-        ctx.mark_dirty(x)
-        ctx.save_for_backward(x)  # the output, in the input's memory
-        return x
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        (y,) = ctx.saved_tensors
-        return grad_output * y
-
-
-class ExpOnCtx(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.y = x.exp()
-        return ctx.y
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        return grad_output * ctx.y
-
-
 @dataclass(frozen=True)
 class _Example:
     call: str  # how messages show the call
@@ -172,19 +55,18 @@ class _Example:
 
 
 SAVED_BY_EXAMPLES = (
-    _Example("Square.apply(x)  # saves its input", Square, lambda x, b: (x,)),
-    _Example("Exp.apply(x)  # saves its output", Exp, lambda x, b: (x,)),
-    _Example("SinhIntermediates.apply(x)  # saves exp(x) and exp(-x)", SinhIntermediates, lambda x, b: (x,)),
-    _Example("SquareTail.apply(x)  # saves x[1:], a view of x", SquareTail, lambda x, b: (x,)),
-    _Example("ReLUMask.apply(x)  # saves the bool mask x > 0", ReLUMask, lambda x, b: (x,)),
-    _Example("Mul.apply(x, b)  # b does not require grad", Mul, lambda x, b: (x, b.detach())),
-    _Example("SortValues.apply(x)  # saves the int64 indices, output 1", SortValues, lambda x, b: (x,)),
-    _Example("ExpInPlace.apply(x * 1)  # in place: its output is its input", ExpInPlace, lambda x, b: (x,), copy=True),
-    _Example("ExpOnCtx.apply(x)  # stashes its output on ctx", ExpOnCtx, lambda x, b: (x,)),
-    _Example("Exp.apply(x.detach())  # no input requires grad", Exp, lambda x, b: (x.detach(),)),
+    _Example("Square.apply(x)  # saves its input", save_for_backward.Square, lambda x, b: (x,)),
+    _Example("Exp.apply(x)  # saves its output", save_for_backward.Exp, lambda x, b: (x,)),
+    _Example("SinhIntermediates.apply(x)  # saves exp(x) and exp(-x)", save_for_backward.SinhIntermediates, lambda x, b: (x,)),
+    _Example("SquareTail.apply(x)  # saves x[1:], a view of x", save_for_backward.SquareTail, lambda x, b: (x,)),
+    _Example("ReLUMask.apply(x)  # saves the bool mask x > 0", save_for_backward.ReLUMask, lambda x, b: (x,)),
+    _Example("Mul.apply(x, b)  # b does not require grad", save_for_backward.Mul, lambda x, b: (x, b.detach())),
+    _Example("TopTwo.apply(x)  # saves the int64 indices of the two largest, output 1", save_for_backward.TopTwo,
+             lambda x, b: (x,)),
+    _Example("ExpInPlace.apply(x * 1)  # in place: its output is its input", save_for_backward.ExpInPlace, lambda x, b: (x,), copy=True),
+    _Example("ExpOnCtx.apply(x)  # stashes its output on ctx", save_for_backward.ExpOnCtx, lambda x, b: (x,)),
+    _Example("Exp.apply(x.detach())  # no input requires grad", save_for_backward.Exp, lambda x, b: (x.detach(),)),
 )
-for _example in SAVED_BY_EXAMPLES:  # handed to the student's saved_by
-    probe.reference(f"{__name__}:{_example.fn.__name__}", _example.fn)
 
 
 def check_saved_by(saved_by: Callable[..., Any], *, shape: Sequence[int] = (4,), seed: int | None = 0) -> None:
@@ -197,7 +79,7 @@ def check_saved_by(saved_by: Callable[..., Any], *, shape: Sequence[int] = (4,),
         recording = record(example.fn, *(non_leaf(args) if example.copy else args))
         expected = [(s.kind, s.shape, s.nbytes) for s in recording.saved]
         with quiet():
-            result = probe.invoke(_saved_by, saved_by, example.fn, args, example.copy)
+            result = probe.invoke(save_for_backward.saved_by_result, saved_by, example.fn, args, example.copy)
         error = probe.ProbeError.from_data(result.get("error") if isinstance(result, dict) else None)
         if error is not None:
             what, cause = explain.error("saved_by", error.type, error.message, [])
@@ -217,16 +99,6 @@ def check_saved_by(saved_by: Callable[..., Any], *, shape: Sequence[int] = (4,),
         f"saved_by: right on {len(SAVED_BY_EXAMPLES)} Functions (inputs, outputs, a view, intermediates, "
         "a bool mask, an int64 output, an in-place Function, a tensor stashed on ctx, a call without grad)."
     )
-
-
-@probe.procedure
-def _saved_by(saved_by: Callable[..., Any], fn: type[torch.autograd.Function], args: tuple, copy: bool) -> dict:
-    """saved_by(fn, *args) (on non-leaf copies of the arguments with `copy`): its result
-    as it is, or its error."""
-    try:
-        return {"value": saved_by(fn, *(non_leaf(args) if copy else args)), "error": None}
-    except Exception as exc:  # the student's code may raise anything
-        return {"value": None, "error": asdict(probe.ProbeError("call", type(exc).__name__, str(exc)))}
 
 
 def _entries(result: Any, call: str) -> list[tuple]:
@@ -352,7 +224,7 @@ def _check_in_place(student: type[torch.autograd.Function], leaf: torch.Tensor) 
     __tracebackhide__ = True
     shown = f"x = {show(leaf.detach())}"
     with quiet():
-        found = probe.invoke(_apply_in_place, student, leaf)
+        found = probe.invoke(save_for_backward.apply_in_place, student, leaf)
     try:
         error, modified, returned = probe.ProbeError.from_data(found["error"]), found["modified"], found["returned"]
     except (KeyError, TypeError) as bad:
@@ -379,42 +251,16 @@ def _check_in_place(student: type[torch.autograd.Function], leaf: torch.Tensor) 
         )
 
 
-@probe.procedure
-def _apply_in_place(function: type[torch.autograd.Function], leaf: torch.Tensor) -> dict:
-    """Apply `function` to x = leaf * 1 (a non-leaf): its error, whether x changed, and
-    whether it returned "x" itself, "a view of x" or "something else" (best effort)."""
-    x = leaf * 1  # in-place operations on a leaf that requires grad are refused
-    before = x.detach().clone()
-    try:
-        y = function.apply(x)
-    except Exception as exc:  # the student's code may raise anything
-        error = asdict(probe.ProbeError("forward", type(exc).__name__, str(exc)))
-        return {"error": error, "modified": False, "returned": None}
-    same_memory = isinstance(y, torch.Tensor) and y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
-    returned = "x" if y is x else "a view of x" if same_memory else "something else"
-    return {"error": None, "modified": not torch.equal(x.detach(), before), "returned": returned}
-
-
 class _OnAClone(probe.StudentProxy):
     """The student's in-place Function applied to a clone of its argument, so that
-    gradients reach the checks' leaf: every probe of it runs through `_on_a_clone`, where
+    gradients reach the checks' leaf: every probe of it runs through `on_a_clone`, where
     the Function is."""
 
     def __init__(self, function: Any) -> None:
         self.function = function
 
     def invoke(self, procedure: str, *args: Any) -> Any:
-        return probe.invoke(_on_a_clone, self.function, procedure, *args)
-
-
-@probe.procedure
-def _on_a_clone(function: type[torch.autograd.Function], procedure: str, *args: Any) -> Any:
-    """The probe procedure called `procedure` on `x -> function.apply(x.clone())`."""
-
-    def tanh_(x):
-        return function.apply(x.clone())
-
-    return probe.PROCEDURES[procedure](tanh_, *args)
+        return probe.invoke(save_for_backward.on_a_clone, self.function, procedure, *args)
 
 
 # --- Exercise: Sort with non-differentiable indices -----------------------------------------
@@ -469,7 +315,7 @@ def _check_sort_outputs(student: type[torch.autograd.Function], args: tuple) -> 
     x, dim = args
     shown = f"x of shape {tuple(x.shape)}, dim = {dim}"
     with quiet():
-        found = probe.invoke(_sort_outputs, student, args)
+        found = probe.invoke(save_for_backward.sort_outputs, student, args)
     try:
         error, returned, outputs = probe.ProbeError.from_data(found["error"]), found["type"], found["outputs"]
         pair = [(str(dtype), bool(graph)) for dtype, graph in outputs] if outputs is not None else None
@@ -491,20 +337,6 @@ def _check_sort_outputs(student: type[torch.autograd.Function], args: tuple) -> 
             "Sort: the values are not connected to autograd (no grad_fn).", shown,
             cause="only the indices are non-differentiable: pass them, not the values, to ctx.mark_non_differentiable.",
         )
-
-
-@probe.procedure
-def _sort_outputs(function: type[torch.autograd.Function], args: tuple) -> dict:
-    """`function.apply(*args)`: its error, the name of its result's type and, for a tuple
-    of tensors, (dtype, has a grad_fn) for each (best effort)."""
-    try:
-        result = function.apply(*args)
-    except Exception as exc:  # the student's code may raise anything
-        error = asdict(probe.ProbeError("forward", type(exc).__name__, str(exc)))
-        return {"error": error, "type": None, "outputs": None}
-    tensors = isinstance(result, tuple) and all(isinstance(t, torch.Tensor) for t in result)
-    outputs = [(str(t.dtype), t.grad_fn is not None) for t in result] if tensors else None
-    return {"error": None, "type": type(result).__name__, "outputs": outputs}
 
 
 # --- Exercise: error, silently wrong, or correct? -----------------------------------------

@@ -37,10 +37,9 @@ _MISSING = object()
 
 def _watched() -> dict[str, Any]:
     found = {name: importlib.import_module(name) for name in WATCHED}
-    found.update({name: module for name, module in sys.modules.items() if name.startswith("autograder.checks")
-                  or name.startswith("autograder.exercises")})
+    found.update({name: module for name, module in sys.modules.items() if name.startswith(__package__)})
     found.update({f"{c.__module__}.{c.__qualname__}": c for c in CLASSES})
-    found["autograder.checks.probe.PROCEDURES"] = probe.PROCEDURES  # what the grader's probes run
+    found[f"{probe.__name__}.PROCEDURES"] = probe.PROCEDURES  # what the grader's probes run
     return found
 
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from rich.console import Console
 
-from . import sandbox
-from .limits import Limits
+from ..isolation import sandbox
+from ..isolation.limits import Limits
 from .pool import Pool
 
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from ..checks import remote, wire
-from ..verdicts import Judge
+from ..checks import remote
+from ..student import wire
+from .verdicts import Judge
 from .pool import Run
-from .protocol import Channel, ProtocolError
+from ..runner.protocol import Channel, ProtocolError
 
 
 class Probes:

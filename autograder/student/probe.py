@@ -4,14 +4,15 @@ Probes are the only part of a check that executes the student's code. They retur
 tensors (forward outputs, vector-Jacobian products, second-order products) and the first
 error with the stage it happened in. The judges (e.g. :mod:`autograder.checks.functions`)
 compare probes of the student's code and of a reference. Keeping the two apart lets the
-grader judge in its own process: given a `StudentProxy` (see :mod:`.remote`) instead of
+grader judge in its own process: given a `StudentProxy` (:mod:`autograder.checks.remote`) instead of
 the student's object, every probe is answered by the student's process.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -261,41 +262,42 @@ def _meta(fn: Any, args: tuple) -> dict | None:
     return None
 
 
-def value(student: Any) -> Any:
-    """The student's object itself when it is plain data (answers to questions)."""
-    return invoke(_value, student)
-
-
-@procedure
-def _value(obj: Any) -> Any:
-    return obj
-
-
-def call(fn: Any, *args: Any, substitute: dict[str, Any] | None = None) -> Any:
-    """`fn(*args)` for a student's plain function; raises StudentError if it raises.
-
-    `substitute` replaces names in the student's notebook while the call runs (with
-    registered references), e.g. to grade a function independently of another one it uses.
-    """
-    result = invoke(_call, fn, tuple(args), dict(substitute or {}))
-    if not isinstance(result, dict) or "value" not in result:
-        raise Malformed("malformed call result")
-    error = ProbeError.from_data(result.get("error"))
-    if error is not None:
-        raise StudentError(error.type, error.message)
-    return result["value"]
-
-
-@procedure
-def _call(fn: Any, args: tuple, substitute: dict) -> dict:
-    namespace = getattr(fn, "__globals__", {})
-    saved = {name: namespace[name] for name in substitute if name in namespace}
-    namespace.update(substitute)
+@contextlib.contextmanager
+def substituted(student: Any, replacements: dict[str, Callable[..., Any]]) -> Iterator[list[str]]:
+    """While the block runs, names of the notebook that `student` comes from are bound to
+    registered functions of the course, so that one exercise is graded independently of
+    another that the student's code calls. Yields the names replaced (those the notebook
+    defines); best effort, as the student's process reports it."""
+    replaced = invoke(_replace_names, student, dict(replacements))
+    if not isinstance(replaced, list) or not all(isinstance(name, str) for name in replaced):
+        raise Malformed("malformed answer to a substitution")
     try:
-        return {"value": fn(*args), "error": None}
-    except Exception as exc:  # the student's code may raise anything
-        return {"value": None, "error": asdict(ProbeError("call", type(exc).__name__, str(exc)))}
+        yield replaced
     finally:
-        for name in substitute:
-            namespace.pop(name, None)
-        namespace.update(saved)
+        if replaced:
+            invoke(_restore_names, student)
+
+
+_REPLACED: list[tuple[dict, dict]] = []  # (namespace, its own values of the replaced names)
+
+
+def _namespace(student: Any) -> dict:
+    """The globals the student's code looks names up in (a Function's: its backward's)."""
+    target = student.backward if isinstance(student, type) and issubclass(student, torch.autograd.Function) else student
+    return getattr(inspect.unwrap(target), "__globals__", {})
+
+
+@procedure
+def _replace_names(student: Any, replacements: dict) -> list[str]:
+    namespace = _namespace(student)
+    own = {name: namespace[name] for name in replacements if namespace.get(name) is not None}
+    if own:
+        _REPLACED.append((namespace, own))
+        namespace.update({name: replacements[name] for name in own})
+    return list(own)
+
+
+@procedure
+def _restore_names(student: Any) -> None:
+    namespace, own = _REPLACED.pop()
+    namespace.update(own)

@@ -2,7 +2,7 @@
 
 In the bubblewrap sandbox a worker sees the system directories and the Python
 installation read-only, and nothing of the course (no solutions/, no gradebook, no other
-submissions); it has no network, its own process, IPC and hostname namespaces, and two
+submissions) nor of this package's checks and grader (only `VISIBLE`); it has no network, its own process, IPC and hostname namespaces, and two
 small private tmpfs: one for its own state, one for its notebooks' scratch directories.
 Without bubblewrap (macOS, Colab, or where user namespaces are disabled) workers run as
 ordinary processes: every resource limit and the process-per-notebook model still hold,
@@ -56,14 +56,40 @@ class Isolation:
     def warnings(self) -> list[str]:
         if self.bubblewrap:
             return []
-        missing = ["no network isolation", "student code can see this machine's files that your user can read"]
+        missing = ["no network isolation", "student code can see this machine's files that your user can read, "
+                   "the checks' references and the course's solutions among them"]
         if self.landlock:
-            missing[1] = "Landlock still blocks the course files, but not UDP or other machine state"
+            missing[1] = "Landlock still blocks the course files and the checks, but not UDP or other machine state"
         missing.append("no process-count limit")
         return [
             f"ISOLATION IS REDUCED: {self.why_not}. Student code runs without the bubblewrap sandbox: "
             + "; ".join(missing) + f". Install bubblewrap to grade untrusted code ({INSTALL_HINT})."
         ]
+
+
+# What of this package student code may see: the student side, and the code that runs it.
+VISIBLE = {"__init__.py", "student", "runner", "isolation"}
+
+
+def hidden_paths() -> list[str]:
+    """Everything else of this package — the checks with their references, the grader and
+    the tools — which student code never sees, even where the Python installation that
+    holds this package is readable."""
+    package = Path(autograder.__file__).resolve().parent
+    return sorted(str(p) for p in package.iterdir() if p.name not in VISIBLE)
+
+
+def without(paths: list[str], hidden: list[str]) -> list[str]:
+    """`paths`, each one that holds a hidden path replaced by its other entries (Landlock
+    can only allow, never deny beneath what it allows)."""
+    found = []
+    for path in paths:
+        inside = [h for h in hidden if Path(h).is_relative_to(path)]
+        if not inside:
+            found.append(path)
+        elif path not in inside:
+            found += without(sorted(str(p) for p in Path(path).iterdir()), inside)
+    return found
 
 
 def readable_paths(course_root: Path) -> list[str]:
@@ -109,6 +135,9 @@ def bubblewrap_arguments(bwrap: str, readable: list[str]) -> list[str]:
         args += ["--perms", "0755", "--dir", parent]
     for path in readable:
         args += ["--ro-bind", path, path]
+    for path in hidden_paths():  # masked: an empty directory, an empty file
+        if any(Path(path).is_relative_to(kept) for kept in readable):
+            args += ["--tmpfs", path, "--remount-ro", path] if os.path.isdir(path) else ["--ro-bind", os.devnull, path]
     return args + ["--chdir", STATE]
 
 
@@ -156,7 +185,7 @@ def launch(isolation: Isolation, course_root: Path, runtime: Path, control_fd: i
         "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
         **{k: v for k, v in os.environ.items() if k.startswith("OPENBLAS_")},  # CPU workarounds of this machine
     }
-    command = [sys.executable, "-I", "-B", "-m", "autograder.engine.zygote", str(control_fd)]
+    command = [sys.executable, "-I", "-B", "-m", "autograder.runner.zygote", str(control_fd)]
     if sandboxed:
         prefix = bubblewrap_arguments(isolation.bubblewrap, readable)
         for name, value in env.items():
@@ -165,7 +194,7 @@ def launch(isolation: Isolation, course_root: Path, runtime: Path, control_fd: i
     config = {
         "sandboxed": sandboxed,
         "scratch": scratch,
-        "readable": [*readable, *(p for p in SYSTEM if os.path.exists(p)), "/etc"],
+        "readable": [*without(readable, hidden_paths()), *(p for p in SYSTEM if os.path.exists(p)), "/etc"],
         # RLIMIT_NPROC counts every process of a user, and not root's: it works in a
         # sandbox's own user namespace or for the worker's own unprivileged user, not for
         # the grader's user outside a sandbox (where root may be the only user that can

@@ -1,7 +1,8 @@
-"""A warm worker: import torch, IPython and the course's checks once, then fork a fresh
-child for every notebook, so no state passes from one submission to the next.
+"""A warm worker: import torch, IPython and the student side of the course
+(:mod:`autograder.student`) once, then fork a fresh child for every notebook, so no state
+passes from one submission to the next.
 
-Started by the grader as `python -I -m autograder.engine.zygote CONTROL_FD`, inside
+Started by the grader as `python -I -m autograder.runner.zygote CONTROL_FD`, inside
 the sandbox. Control messages: the grader sends its configuration, then "preload" (the
 modules the notebooks to grade import), "run" (with the child's channel as a passed
 descriptor) or "stop"; the worker answers "ready" once, then "exited" after each child,
@@ -23,8 +24,9 @@ import sys
 import threading
 import time
 
-from . import child, confine, kernel
-from .limits import Limits
+from ..isolation import confine
+from . import child, kernel
+from ..isolation.limits import Limits
 from .protocol import Channel
 
 
@@ -36,14 +38,11 @@ def warm():
     torch.set_num_threads(1)  # no thread pools in a process that forks
     torch.set_num_interop_threads(1)
     shell = kernel.make_shell()
-    import autograder.checks
-    import autograder.exercises
-    import autograder.notebook  # noqa: F401  (the setup cell of every notebook)
-    from autograder.checks import integrity
+    import autograder.student
+    from autograder.student import integrity
 
-    for package in (autograder.checks, autograder.exercises):
-        for module in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
-            importlib.import_module(module.name)
+    for module in pkgutil.iter_modules(autograder.student.__path__, autograder.student.__name__ + "."):
+        importlib.import_module(module.name)  # the probe procedures, and what notebooks import
 
     class Mode(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):

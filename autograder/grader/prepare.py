@@ -23,7 +23,7 @@ from nbgrader.nbgraderformat import ValidationError as MetadataError
 from nbgrader.preprocessors import OverwriteCells, overwritecells, overwritekernelspec
 from traitlets.config import Config
 
-from ..scan import imported, scan
+from .scan import imported, scan
 from .gradebook import Released, lent
 
 MAX_BYTES = 50 << 20  # a submitted notebook larger than this is not read

@@ -16,7 +16,7 @@ from rich.console import Console
 from traitlets.config import Config
 from traitlets.config.loader import PyFileConfigLoader
 
-from ..verdicts import Judge, warm
+from .verdicts import Judge, warm
 from . import discover, feedback, report, results, speedups
 from .grade import GradingError, Options
 from .pool import Pool, Program

@@ -23,8 +23,10 @@ from typing import Any, Iterator
 import torch
 from nbgrader.utils import get_partial_grade
 
-from .checks import inputs, probe
-from .checks.remote import Remote, Transport, resolve
+from ..checks import inputs
+from ..student import probe
+from ..checks.remote import Remote, Transport
+from ..student.serve import resolve
 
 
 @dataclass
@@ -111,7 +113,7 @@ def warm(modules: list[str]) -> None:
     test cells import, and what torch imports at the first gradient given grad_outputs
     (sympy, about 0.5 s). Paid during a verdict, they would hold up every judge at once."""
     for name in modules:
-        if name.split(".")[0] == __package__:
+        if name.split(".")[0] == __package__.split(".")[0]:
             with contextlib.suppress(ImportError):  # the test cell meets the same error, and reports it
                 importlib.import_module(name)
     x = torch.ones(1, requires_grad=True)

@@ -22,12 +22,12 @@ from typing import Any
 
 from typing import TYPE_CHECKING
 
-from . import sandbox
-from .limits import TRUNCATED, Limits
-from .protocol import Channel, ChannelClosed, ProtocolError
+from ..isolation import sandbox
+from ..isolation.limits import TRUNCATED, Limits
+from ..runner.protocol import Channel, ChannelClosed, ProtocolError
 
 if TYPE_CHECKING:  # torch loads in the grader only once the workers are warming up
-    from ..verdicts import Judge, Verdict
+    from .verdicts import Judge, Verdict
 
 STARTUP = 300.0  # seconds a worker may take to warm up (imports torch on a busy machine)
 GRACE = 5.0  # seconds a worker has to report a child's end

@@ -19,7 +19,7 @@ from IPython.core.displayhook import DisplayHook
 from IPython.core.displaypub import DisplayPublisher
 from IPython.core.interactiveshell import InteractiveShell
 
-from .limits import TRUNCATED
+from ..isolation.limits import TRUNCATED
 
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 KEPT = 1024  # characters of a result or error name kept past the output budget

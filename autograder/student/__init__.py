@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks.devices import NO_CUDA
+from .devices import NO_CUDA
 
 
 def setup(seed: int = 0) -> None:

@@ -17,9 +17,11 @@ from typing import Any, Callable
 
 from IPython.core.interactiveshell import InteractiveShell
 
-from ..checks import integrity, remote, wire
-from . import confine, kernel
-from .limits import Limits
+from ..student import integrity, wire
+from ..student import serve as student
+from ..isolation import confine
+from . import kernel
+from ..isolation.limits import Limits
 from .protocol import Channel
 
 REQUEST_LIMIT = 64 << 20  # the grader's requests (cell sources, later tensors)
@@ -69,7 +71,7 @@ def _execute(shell: InteractiveShell, request: dict) -> tuple[dict[str, Any], li
 
 def _probe(shell: InteractiveShell, request: dict, buffers: list[bytes]) -> tuple[dict[str, Any], list[bytes]]:
     try:
-        answer, answer_buffers = remote.answer(shell.user_ns, request.get("request"), buffers)
+        answer, answer_buffers = student.answer(shell.user_ns, request.get("request"), buffers)
     except BaseException as error:  # sys.exit in a probed backward: an answer like any error
         answer, answer_buffers = wire.encode({"error": f"{type(error).__name__}: {error}"})
     kernel.RECORDER.take()  # what the student's code printed while probed belongs to no cell
