@@ -10,6 +10,7 @@ the student's object, every probe is answered by the student's process.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import inspect
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator, Sequence
@@ -69,8 +70,8 @@ def _tensors(values: Any, optional: bool = False) -> list:
 
 
 class StudentProxy:
-    """A student's object in another process (see .remote): `invoke` runs a probe
-    procedure there and returns its plain-data result."""
+    """A student's object in another process (:mod:`autograder.checks.remote`): `invoke`
+    runs a probe procedure there and returns its plain-data result."""
 
     def invoke(self, procedure: str, *args: Any) -> Any:
         raise NotImplementedError
@@ -91,6 +92,55 @@ def invoke(proc: Callable[..., Any], student: Any, *args: Any) -> Any:
     if isinstance(student, StudentProxy):
         return student.invoke(f"{proc.__module__}:{proc.__qualname__}", *args)
     return proc(student, *args)
+
+
+# --- Questions from the student's side to the judging side, during a probe ----------------
+#
+# Code of this package that runs in the student's process may need something only the
+# judging side may compute (the gradient of a stand-in operation, say): `ask` sends it a
+# plain-data question while a probe runs, and `answering(handler)`, on the judging side,
+# says who answers while a check runs. In one process (a student's own kernel, tests) the
+# handler is called directly; in a grading child the runner routes questions over the
+# notebook's channel (`asking_over`), where the grader answers them with the same handler.
+
+_answering: contextvars.ContextVar[Callable[[Any], Any] | None] = contextvars.ContextVar("answering", default=None)
+_asker: Callable[[Any], Any] | None = None  # set in a grading child
+
+
+class NobodyToAsk(RuntimeError):
+    """`ask` was called while no check was answering questions."""
+
+
+def ask(question: Any) -> Any:
+    """The judging side's answer to `question` (plain data, as is the answer)."""
+    if _asker is not None:
+        return _asker(question)
+    handler = _answering.get()
+    if handler is None:
+        raise NobodyToAsk("no check is running that could answer this")
+    return handler(question)
+
+
+@contextlib.contextmanager
+def answering(handler: Callable[[Any], Any]) -> Iterator[None]:
+    """While the block runs, questions the student's side `ask`s are answered by `handler`
+    (judging side: it must treat every question as untrusted data)."""
+    token = _answering.set(handler)
+    try:
+        yield
+    finally:
+        _answering.reset(token)
+
+
+def handler() -> Callable[[Any], Any] | None:
+    """Who answers questions now (judging side), if anyone."""
+    return _answering.get()
+
+
+def asking_over(asker: Callable[[Any], Any] | None) -> None:
+    """In a grading child: send questions with `asker` (None: answer them in this process)."""
+    global _asker
+    _asker = asker
 
 
 class Malformed(ValueError):
