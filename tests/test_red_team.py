@@ -15,8 +15,10 @@ import contextlib
 import io
 import textwrap
 
+import nbformat
 import pytest
 import torch
+from nbgrader.utils import compute_checksum
 
 from engine_course import flagged, grade, rows, solutions, submit_notebook, with_answers
 from grading import Course
@@ -76,7 +78,7 @@ ATTACKS = {
     "input_transformer": ("""
         get_ipython().input_transformers_post.append(
             lambda lines: ["pass\\n"] if any("check_" in line for line in lines) else lines)
-    """, "tampering suspected: the test cell 'check_clipped_relu' showed 2", False),
+    """, "changes how IPython runs cells", False),
     "ast_transformer": ("""
         import ast
         class Blank(ast.NodeTransformer):
@@ -85,7 +87,7 @@ ATTACKS = {
                     node.body = [ast.Pass()]
                 return node
         get_ipython().ast_transformers.append(Blank())
-    """, "tampering suspected: the test cell 'check_clipped_relu' showed 2", False),
+    """, "changes how IPython runs cells", False),
     "patch_gradcheck_and_comparisons": ("""
         import torch
         torch.autograd.gradcheck = torch.autograd.gradgradcheck = lambda *args, **kwargs: True
@@ -97,13 +99,16 @@ ATTACKS = {
         import torch
         torch.Tensor.__sub__ = lambda self, other: torch.zeros_like(self)
         torch.Tensor.abs = lambda self: torch.zeros_like(self)
-    """, "tampering suspected: the notebook changed what the checks rely on", False),
+    """, "tampering suspected: the notebook changed what the grader's probes rely on", False),
     "patch_course_checks": ("""
-        import autograder.exercises.function_basics as basics
-        import autograder.checks.functions as functions
-        basics.check_clipped_relu = lambda *args, **kwargs: print("✔ all good")
-        functions.check_function = lambda *args, **kwargs: None
-    """, "autograder.exercises.function_basics.check_clipped_relu was replaced", False),
+        for name in ("autograder.exercises.function_basics", "autograder.checks.functions"):
+            try:
+                module = __import__(name, fromlist=["check_function"])
+                setattr(module, "check_clipped_relu", lambda *args, **kwargs: print("✔ all good"))
+                setattr(module, "check_function", lambda *args, **kwargs: None)
+            except ImportError as error:
+                print("not there:", name, type(error).__name__)
+    """, "reaches into the course's grading code", False),
     "patch_check_failures": ("""
         import autograder.student.report as report
         report.CheckFailed = type("CheckFailed", (BaseException,), {{}})
@@ -114,6 +119,37 @@ ATTACKS = {
         for key in list(probe.PROCEDURES):
             probe.PROCEDURES[key] = lambda *args, **kwargs: 0.0
     """, "tampering suspected", False),
+    "route_to_the_reference": ("""
+        reference = None
+        for name, attr in (("autograder.exercises.function_basics", "CLIPPED_RELU"), ("autograder.checks.functions", "check_function")):
+            try:
+                reference = getattr(__import__(name, fromlist=[attr]), attr)
+            except ImportError as error:
+                print("not there:", name, type(error).__name__)
+        setattr(__import__("autograder.student.integrity", fromlist=["restore"]), "restore", lambda: [])
+        if reference is not None:
+            ClippedReLU = lambda x, clip: reference.reference(x, clip)
+    """, "autograder.student.integrity.restore was replaced", False),
+    "wrap_the_probe_server": ("""
+        import autograder.runner.child as child
+        import autograder.student.serve as serve
+        def finite_differences(namespace, request):  # would answer from the student's own forward
+            return 0.0
+        serve.serve = finite_differences
+        child._probe = lambda *args, **kwargs: ({{"op": "answer", "answer": 0.0}}, [])
+    """, "autograder.student.serve.serve was replaced", False),
+    "channel_desync": ("""
+        import json, os, socket, struct
+        frame = json.dumps({{"op": "executed", "outputs": [], "execution_count": 1, "cpu": 0.0, "buffers": []}}).encode()
+        for fd in range(3, 256):
+            try:
+                channel = socket.socket(fileno=os.dup(fd))
+            except OSError:
+                continue
+            if channel.type == socket.SOCK_STREAM:
+                channel.sendall(struct.pack(">I", len(frame)) + frame)
+            channel.close()
+    """, "tampering suspected: the notebook's process sent a message that answers no request", True),
     "custom_exception_handler": ("""
         get_ipython().set_custom_exc((BaseException,), lambda shell, etype, evalue, tb, tb_offset=None: None)
     """, "changes how IPython runs cells", False),
@@ -131,7 +167,7 @@ ATTACKS = {
                 return grad_output * inside, None
             return _wrong_backward(ctx, grad_output)
         ClippedReLU.backward = staticmethod(backward)
-    """, "tampering suspected: the test cell 'check_clipped_relu' showed 2", False),
+    """, None, False),  # the grader never uses the visible inputs: an honest wrong answer
     "autograd_in_backward": ("""
         def backward(ctx, grad_output):
             (x,) = ctx.saved_tensors
@@ -147,13 +183,13 @@ ATTACKS = {
             (x,) = ctx.saved_tensors
             frame = sys._getframe()
             while frame is not None:
-                if frame.f_code.co_filename.endswith("remote.py"):
-                    os._exit(0)  # called by the grader's probes, not by the notebook's tests
+                if "autograder/student" in frame.f_code.co_filename:
+                    os._exit(0)  # called by the grader's probes, not by the notebook's own code
                 frame = frame.f_back
             inside = (x > 0) & (x < ctx.clip)
             return grad_output * inside, None
         ClippedReLU.backward = staticmethod(backward)
-    """, "the notebook's process ended while the grader checked", True),
+    """, "the notebook's process ended while the grader ran", True),
     "hang_when_probed": ("""
         import sys
         def backward(ctx, grad_output):
@@ -161,14 +197,14 @@ ATTACKS = {
             probed = False
             frame = sys._getframe()
             while frame is not None:
-                probed = probed or frame.f_code.co_filename.endswith("remote.py")
+                probed = probed or "autograder/student" in frame.f_code.co_filename
                 frame = frame.f_back
             while probed:
-                pass  # called by the grader's probes, not by the notebook's tests
+                pass  # called by the grader's probes, not by the notebook's own code
             inside = (x > 0) & (x < ctx.clip)
             return grad_output * inside, None
         ClippedReLU.backward = staticmethod(backward)
-    """, "while the grader checked", True),
+    """, "while the grader ran", True),
     "sys_exit": ("""
         import sys
         sys.exit(0)
@@ -218,11 +254,35 @@ ATTACKS = {
                 print("denied", path, type(error).__name__)
     """, "reads or writes files", False),
 }
+# The quiz's hidden cell holds the key: a dict that reads it off the stack while its answers
+# are compared (this once gave full marks: the hidden cell ran in the student's process).
+KEY_THIEF = """
+import sys
+
+
+class Answers(dict):
+    def __getitem__(self, question):
+        frame = sys._getframe(1)
+        while frame is not None:
+            key = frame.f_locals.get("key")
+            if isinstance(key, dict):
+                dict.update(self, key)
+            frame = frame.f_back
+        return dict.__getitem__(self, question)
+
+
+when_to_write = Answers({"a": "function", "b": "composite", "c": "composite", "d": "function", "e": "composite", "f": "function"})
+"""  # three of six answers right: 1.5 of 3 points
+
+
 # Attacks on the notebook's structure, made on the notebook itself: (how, what the flag says).
 STRUCTURE = {
     "deleted_test_cells": ("delete", "the graded cell 'check_clipped_relu' was deleted"),
     "retyped_test_cell": ("retype", "was changed from code to markdown"),
     "renamed_grade_id": ("rename", "unknown grade_id 'check_clipped_relu_mine'"),
+    "edited_locked_test_cell": ("edit", "tampering suspected: the locked cell 'check_clipped_relu' was edited"),
+    "points_raised": ("points", "points 2 -> 1000"),
+    "outputs_prefilled": ("prefill", "the hidden test cell 'check_clipped_relu_hidden' came with outputs"),
 }
 
 
@@ -240,6 +300,14 @@ def _structure_attack(nb, how: str):
             if how == "rename":
                 cell.metadata.nbgrader["grade_id"] = f"{grade_id}_mine"
                 cell.source = "print('✔ passed')"
+            if how == "edit" and grade_id == CHEATED[0]:
+                cell.source = "print('✔ passed')"
+                cell.metadata.nbgrader["checksum"] = compute_checksum(cell)
+            if how == "points":
+                cell.metadata.nbgrader["points"] = 1000
+            if how == "prefill":
+                cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="✔ passed\n")]
+                cell.execution_count = 1
         kept.append(cell)
     nb.cells = kept
     return nb
@@ -278,6 +346,7 @@ def graded(tmp_path_factory):
     for name, (how, _) in STRUCTURE.items():
         nb = _structure_attack(with_answers(course, SLUG, {**model, FIRST: wrong}), how)
         submit_notebook(course, f"a_{name}", SLUG, nb)
+    course.submit("a_quiz_key_thief", SLUG, {**model, "when_to_write": KEY_THIEF})
     course.submit("z_victim", SLUG, model)  # after the attackers, on the same warm workers
     result = grade(course, SLUG, "--timeout", str(TIMEOUT))
     return course, before, result
@@ -305,8 +374,16 @@ def test_attack_gets_its_honest_score_and_is_flagged(graded, attack):
     assert all(scores[c] == 0 for c in CHEATED), scores
     later = {k: v for k, v in scores.items() if k not in CHEATED}
     assert later == ({k: 0 for k in later} if crashes else {k: v for k, v in _scores(course, "honest").items() if k in later})
-    assert flagged(course, SLUG, student)[0]
-    assert reason.lower() in _comments(course, student).lower()
+    if reason is not None:
+        assert flagged(course, SLUG, student)[0]
+        assert reason.lower() in _comments(course, student).lower()
+
+
+def test_the_quiz_key_never_reaches_the_students_process(graded):
+    course = graded[0]
+    scores = _scores(course, "a_quiz_key_thief")
+    assert scores["check_when_to_write_hidden"] == 1.5, scores
+    assert "reaches into the interpreter" in _comments(course, "a_quiz_key_thief")
 
 
 @pytest.mark.parametrize("attack", list(STRUCTURE))

@@ -12,7 +12,7 @@ import pytest
 
 from answers import for_notebook
 from autograder import authoring
-from autograder.checks.remote import RemoteError, loopback
+from autograder.checks.remote import loopback
 from autograder.grader.verdicts import Judge, StudentNames, is_test_cell, run_cell, verdicts
 from grading import exercises, namespace
 
@@ -71,7 +71,7 @@ def test_names_resolve_to_data_or_proxies():
     names = StudentNames(loopback(ns))
     assert names["answers"] == {"a": "composite"}
     assert repr(names["Fn"]) == "<the student's Fn>"
-    with pytest.raises(RemoteError, match="name 'missing' is not defined"):
+    with pytest.raises(NameError, match="name .missing. is not defined"):
         names["missing"]
 
 

@@ -17,7 +17,12 @@ Transport = Callable[[dict], Any]  # request -> answer, both plain data
 
 
 class RemoteError(Exception):
-    """The student's process could not answer a request."""
+    """The student's process could not answer a request; `type` names the exception it
+    reported, if any (as it reported it: for messages only)."""
+
+    def __init__(self, message: str, type_name: str | None = None) -> None:
+        super().__init__(message)
+        self.type = type_name
 
 
 class Remote(probe.StudentProxy):
@@ -41,10 +46,10 @@ class Remote(probe.StudentProxy):
 def result(structure: Any, buffers: list[bytes]) -> Any:
     """An answer in wire form -> its value (in the grader); raises RemoteError for errors."""
     reply = wire.decode(structure, buffers)
-    if not isinstance(reply, dict) or len(reply) != 1 or not ({"value", "error"} & set(reply)):
+    if not isinstance(reply, dict) or not (set(reply) == {"value"} or set(reply) == {"error", "type"}):
         raise RemoteError("malformed answer from the student's process")
     if "error" in reply:
-        raise RemoteError(f"the student's process answered with an error: {reply['error']}")
+        raise RemoteError(f"the student's process answered with an error: {reply['error']}", str(reply["type"]))
     return reply["value"]
 
 

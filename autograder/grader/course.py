@@ -1,7 +1,8 @@
 """Grading one course with warm workers: the trusted steps, in order.
 
-Discover the submissions; prepare, run and save them interleaved (one thread does all
-the trusted work, so only it touches the gradebook); then export grades.csv, plot each
+Discover the submissions; prepare, run and save them interleaved (this thread prepares and
+saves, so only it touches the gradebook; each worker's thread in the pool drives its
+notebooks and judges their test cells); then export grades.csv, plot each
 assignment, write the status files and, if asked, nbgrader's feedback.
 """
 from __future__ import annotations
@@ -98,7 +99,8 @@ AHEAD = 2  # submissions prepared and queued per worker, so no worker waits for 
 
 
 def _grade_all(todo, known, pool, preparer, writer, console) -> list[report.Outcome]:
-    """Prepare, run and save, interleaved: one thread does all the trusted work in turn."""
+    """Prepare, run and save, interleaved: this thread prepares and saves in turn, while the
+    pool's threads run and judge."""
     waiting = iter(todo)
     running: dict[str, tuple[discover.Submission, list]] = {}  # key -> (submission, [(path, Prepared | reason)])
     outcomes = []

@@ -1,12 +1,14 @@
 """Warm workers, several in parallel, each running one notebook at a time in a fresh child.
 
-The grader drives each child cell by cell and keeps the clock: when a notebook's time
-is up its child is killed (SIGKILL, so a loop that ignores SIGINT dies too), and when a
-worker does not answer it is killed and replaced. Whatever goes wrong is reported as
-the failure of that one notebook.
+The grader drives each child cell by cell and keeps the clock: the notebook's own cells
+run in the child, its test cells here, at their place (`Conversation`). When a
+notebook's time is up its child is killed (SIGKILL, so a loop that ignores SIGINT dies
+too), and when a worker does not answer it is killed and replaced. Whatever goes wrong is
+reported as the failure of that one notebook.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import queue
@@ -18,20 +20,20 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..isolation import sandbox
 from ..isolation.limits import TRUNCATED, Limits
 from ..runner.protocol import Channel, ChannelClosed, ProtocolError
 
 if TYPE_CHECKING:  # torch loads in the grader only once the workers are warming up
+    from .conversation import Conversation
     from .verdicts import Judge, Verdict
 
 STARTUP = 300.0  # seconds a worker may take to warm up (imports torch on a busy machine)
 GRACE = 5.0  # seconds a worker has to report a child's end
 REPLY_SLACK = 1 << 20  # JSON framing around a notebook's outputs
+ESCAPED = 6  # bytes JSON may take for one byte of output (a control character is \u0000)
 
 
 @dataclass
@@ -57,8 +59,9 @@ class Run:
     """What happened to one notebook."""
 
     cells: dict[int, Cell] = field(default_factory=dict)  # by cell index, for the cells that finished
-    verdicts: dict[int, Verdict] = field(default_factory=dict)  # trusted, by cell index
-    changed: list[str] = field(default_factory=list)  # what the notebook changed in the checks' modules
+    verdicts: dict[int, Verdict] = field(default_factory=dict)  # of the graded test cells, by cell index
+    changed: list[str] = field(default_factory=list)  # what the notebook changed in the modules the probes rely on
+    tampering: str | None = None  # what the notebook's process sent that no honest child sends
     limits_reached: list[str] = field(default_factory=list)  # limits it ran into, though it ran on
     failure: str | None = None  # why the notebook did not run to the end
     stopped_at: int | None = None  # index of the cell running when it stopped
@@ -147,7 +150,7 @@ class Worker:
         self.kill()
 
     def run(self, program: Program, limits: Limits) -> Run:
-        from .probes import Probes  # here: it loads torch, which the grader needs only now
+        from .conversation import Conversation  # here: it loads torch, which the grader needs only now
 
         self._ensure_ready()
         run = Run()
@@ -159,44 +162,41 @@ class Worker:
             buffers=list(program.files.values()), fds=[theirs.fileno()],
         )
         theirs.close()
-        channel = Channel(ours, limit=limits.output + REPLY_SLACK)
-        where, ended, probes = "while starting", False, None
+        channel = Channel(ours, limit=ESCAPED * limits.output + REPLY_SLACK)
+        where, ended, conversation = "while starting", False, None
         try:
             hello, _, _ = channel.receive(timeout=max(deadline - time.monotonic(), 0.001))
             if hello.get("op") != "ready":
                 raise SetupError(str(hello.get("message", hello)).strip().splitlines()[-1])
-            probes = Probes(channel, limits.timeout)
+            conversation = Conversation(channel, limits.timeout)
             spent = time.monotonic() - started  # the notebook's time: starting and running its cells, not judging
-            for index, label, source in program.cells:
-                where = f"while running {label}"
-                channel.send({"op": "execute", "code": source})
-                sent = time.monotonic()
-                reply, _, _ = channel.receive(timeout=max(limits.timeout - spent, 0.001))
-                spent += time.monotonic() - sent
-                outputs = reply.get("outputs")
-                if reply.get("op") != "executed" or not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
-                    raise ProtocolError("a reply that is not a list of outputs")
-                if channel.received - probes.received > limits.output + REPLY_SLACK:
-                    raise ProtocolError(f"more than {limits.output} bytes of output")
-                count, cpu = reply.get("execution_count"), reply.get("cpu")
-                run.cells[index] = Cell(
-                    outputs, count if isinstance(count, int) else 0, time.monotonic() - sent,
-                    float(cpu) if isinstance(cpu, (int, float)) else 0.0,
-                )
+            for count, (index, label, source) in enumerate(program.cells, start=1):
                 if program.judge is not None and program.judge.judges(index):
-                    where = f"while the grader checked {label}"
-                    probes.judge(program.judge, index, run)
+                    where = f"while the grader ran {label}"
+                    self._judge(conversation, program.judge, index, count, run)
+                    continue
+                where = f"while running {label}"
+                sent = time.monotonic()
+                reply = conversation.execute(source, count, max(limits.timeout - spent, 0.001))
+                spent += time.monotonic() - sent
+                if channel.received - conversation.answers > ESCAPED * limits.output + REPLY_SLACK:
+                    raise ProtocolError(f"more than {limits.output} bytes of output")
+                cpu = reply.get("cpu")
+                run.cells[index] = Cell(
+                    reply["outputs"], count, time.monotonic() - sent, float(cpu) if isinstance(cpu, (int, float)) else 0.0,
+                )
             channel.send({"op": "exit"})
         except SetupError as error:
             run.failure, ended = f"the notebook could not be confined, so it was not run: {error}", True
         except TimeoutError:
             run.failure = f"stopped after {limits.timeout:g} s, the notebook's time limit, {where}"
-            if probes is not None and probes.lost is not None:
+            if conversation is not None and conversation.lost is not None:
                 run.failure = f"stopped: the notebook's code did not answer the grader's checks within {limits.timeout:g} s ({where})"
         except ChannelClosed:
             run.failure, ended = f"the notebook's process ended {where}", True
         except (ProtocolError, OSError) as error:
-            run.failure = f"the notebook's process sent something invalid {where}: {error}"
+            run.failure = f"the notebook's process sent something no notebook sends {where}: {error}"
+            run.tampering = f"{error} ({where})"
         finally:
             channel.close()
         if run.failure is not None:
@@ -205,6 +205,21 @@ class Worker:
                 self.control.send({"op": "kill"})
         self._finish(run, started, limits, explain_exit=ended)
         return run
+
+    @staticmethod
+    def _judge(conversation: Conversation, judge: Judge, index: int, count: int, run: Run) -> None:
+        """Test cell `index`, run here; its outputs go into the notebook, its verdict into `run`."""
+        started = time.monotonic()
+        verdict = conversation.judge(judge, index, run.changed)
+        if conversation.lost is not None:  # whatever the checks made of it: no answer, no points
+            verdict = dataclasses.replace(verdict, score=0.0, outputs=[*verdict.outputs, _error(
+                "NotJudged", f"the notebook's process stopped answering the grader ({conversation.lost})")])
+        outputs = [{**o, "execution_count": count} if o["output_type"] == "execute_result" else o for o in verdict.outputs]
+        run.cells[index] = Cell(outputs, count, time.monotonic() - started, 0.0)
+        if verdict.graded:
+            run.verdicts[index] = verdict
+        if conversation.lost is not None:
+            raise conversation.lost
 
     def _finish(self, run: Run, started: float, limits: Limits, explain_exit: bool) -> None:
         """Wait for the worker's report on the child (replacing a worker that does not answer)."""
@@ -223,6 +238,10 @@ class Worker:
             run.limits_reached.append(f"it used {used} MiB, more than half of its memory limit of {limits.memory} MiB")
         if explain_exit and isinstance(report.get("code"), int):
             run.failure += f": {_exit_reason(report['code'], limits)}"
+
+
+def _error(ename: str, message: str) -> dict:
+    return {"output_type": "error", "ename": ename, "evalue": message, "traceback": [f"{ename}: {message}"]}
 
 
 def _exit_reason(code: int, limits: Limits) -> str:

@@ -91,6 +91,35 @@ def tampering(nb: NotebookNode, gradebook: Gradebook, notebook: str, assignment:
     return flags
 
 
+def edited(nb: NotebookNode, released: list) -> list[str]:
+    """What was done to the locked and graded cells that nbgrader puts back without a word:
+    edited locked cells, changed nbgrader metadata (points above all), outputs in a hidden
+    test cell (whose released source is only a comment, so it cannot have printed anything)."""
+    given = {c.metadata.nbgrader.grade_id: c for c in released if c.get("metadata", {}).get("nbgrader", {}).get("grade_id")}
+    flags = []
+    for cell in nb.cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        original = given.get(meta.get("grade_id"))
+        if original is None:
+            continue
+        name, was = meta["grade_id"], original.metadata.nbgrader
+        if was.get("locked") and cell.source.strip() != original.source.strip():
+            flags.append(f"tampering suspected: the locked cell '{name}' was edited; the released cell was graded")
+        changed = [f"{key} {was.get(key)!r} -> {meta.get(key)!r}" for key in ("grade", "solution", "locked", "points")
+                   if meta.get(key) != was.get(key)]
+        if changed:
+            flags.append(f"tampering suspected: the nbgrader metadata of the cell '{name}' was changed "
+                         f"({', '.join(changed)}); the released metadata was used")
+        if was.get("grade") and not was.get("solution") and cell.get("outputs") and _only_comments(original.source):
+            flags.append(f"tampering suspected: the hidden test cell '{name}' came with outputs, which its released "
+                         "source cannot print; they were discarded")
+    return flags
+
+
+def _only_comments(source: str) -> bool:
+    return all(not line.strip() or line.lstrip().startswith("#") for line in source.splitlines())
+
+
 class Preparer:
     """Reads, checks and sanitizes the submitted notebooks of one course (close it when done)."""
 
@@ -109,7 +138,7 @@ class Preparer:
         """Raises Rejected when the notebook cannot be graded automatically."""
         name = path.stem
         nb = read(path)
-        flags = tampering(nb, self.gradebook, name, assignment)
+        flags = tampering(nb, self.gradebook, name, assignment) + edited(nb, self._given(assignment, name))
         known = {cell.name for cell in self.gradebook.find_notebook(name, assignment).source_cells}
         for cell in nb.cells:  # a renamed cell is the student's own: it runs, ungraded
             if cell.metadata.get("nbgrader", {}).get("grade_id") not in known:

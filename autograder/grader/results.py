@@ -4,9 +4,9 @@ A run that stopped early (time limit, crash, kill) leaves an error in the cell t
 running and in every graded cell after it, so those score 0 exactly as nbgrader scores
 an error; the notebook is flagged for a human to look at, with the reason at its top.
 
-The grade of a test cell is the grader's own verdict (:mod:`autograder.verdicts`), not
-what the cell printed in the student's process. Where the two disagree, or the notebook
-changed what the checks rely on, it is flagged "tampering suspected" with the evidence.
+Test cells ran in the grader (:mod:`.verdicts`): their outputs are the grader's report,
+their scores its verdicts. A notebook whose process sent what no honest process sends, or
+that changed what the probes rely on, is flagged "tampering suspected" with the evidence.
 """
 from __future__ import annotations
 
@@ -53,9 +53,10 @@ def graded(prepared: Prepared, run: Run, path: Path) -> NotebookResult:
     except (nbformat.ValidationError, AttributeError, TypeError) as error:  # outputs are not nbformat's
         nb = copy.deepcopy(prepared.nb)
         run.failure, run.stopped_at = f"the notebook's process returned invalid outputs ({error})", None
-    problems += _tampering(nb, run) + run.limits_reached
+    problems += _tampering(run) + run.limits_reached
     if run.failure:
-        problems.append(run.failure)
+        if not run.tampering:
+            problems.append(run.failure)
         _mark_stopped(nb, run)
     if problems:
         note = "**Flagged for review by a person.** " + " ".join(f"{p[0].upper()}{p[1:]}." for p in problems)
@@ -63,26 +64,14 @@ def graded(prepared: Prepared, run: Run, path: Path) -> NotebookResult:
     return NotebookResult(prepared.name, path, nb, problems, run)
 
 
-def _tampering(nb: NotebookNode, run: Run) -> list[str]:
-    """Test cells whose output in the notebook disagrees with the grader's verdict (each gets
-    a note saying so), and what the notebook changed in the modules the checks rely on."""
+def _tampering(run: Run) -> list[str]:
+    """The evidence of tampering the run left."""
     found = []
-    for index, verdict in sorted(run.verdicts.items()):
-        cell = nb.cells[index]
-        shown, _ = utils.determine_grade(cell)
-        if shown == verdict.score:
-            continue
-        reason = verdict.report.strip().splitlines()[-1:] or ["it passed"]
-        found.append(
-            f"tampering suspected: the test cell '{verdict.grade_id}' showed {shown:g} of {verdict.max_score:g} "
-            f"points in the notebook, but the grader's own check gave {verdict.score:g} ({reason[0][:300]})"
-        )
-        cell.outputs.append(new_output("stream", name="stdout", text=(
-            f"\n[grader] This cell's output was not trusted: the grader's own check of it gave "
-            f"{verdict.score:g} of {verdict.max_score:g} points. {reason[0][:300]}\n"
-        )))
+    if run.tampering:
+        found.append(f"tampering suspected: the notebook's process sent {run.tampering}; the test cells not yet "
+                     "judged score 0")
     if run.changed:
-        found.append("tampering suspected: the notebook changed what the checks rely on: " + "; ".join(run.changed[:10]))
+        found.append("tampering suspected: the notebook changed what the grader's probes rely on: " + "; ".join(run.changed[:10]))
     return found
 
 

@@ -22,6 +22,7 @@ PATTERNS = [
     (r"\bsocket\b|\burllib\b|\brequests\b|\bhttp\.client|\bftplib\b", "opens network connections"),
     (r"\bopen\(|\bpathlib\b|\bos\.(listdir|walk|scandir|remove|unlink|rename|chmod|makedirs)|\bshutil\b|\bglob\b", "reads or writes files"),
     (r"gradebook|\bsolutions/|\bsource/|BEGIN HIDDEN", "mentions the grader's files"),
+    (r"\bautograder\b", "reaches into the course's grading code"),
 ]
 AUTOGRAD_IN_BACKWARD = re.compile(r"torch\.autograd\.grad\b|\.backward\(|torch\.func\.|autograd\.functional")
 

@@ -1,12 +1,14 @@
-"""Trusted verdicts: a notebook's graded test cells, run again where student code never runs.
+"""Trusted verdicts: a notebook's test cells, run where student code never runs.
 
-The grader executes each test cell's source (the instructor's, restored from the
-gradebook) in its own process, right after the cell ran in the student's process
-(`Judge`), with fresh random inputs even where the visible checks use fixed ones. Names the cell does not define itself — the student's
-`ClippedReLU`, `grad`, `when_to_write` — resolve to the student's process: plain data is
-copied over, anything else becomes a `Remote` proxy, so the checks choose fresh inputs,
-ask for numbers only, and decide here. Scoring follows nbgrader: an exception scores 0, a
-number as the last expression is partial credit, anything else full marks.
+The student's process runs the student's cells and the given ones; each test cell —
+visible or hidden, its source the instructor's, from the gradebook — runs once, here, in
+the grader's own process (`Judge`), at its place in the notebook, with fresh random inputs
+even where the visible checks use fixed ones. Names the cell does not define itself — the
+student's `ClippedReLU`, `grad`, `when_to_write` — resolve to the student's process: plain
+data is copied over, anything else becomes a `Remote` proxy, so the checks choose the
+inputs, ask for numbers only, and decide here. Scoring follows nbgrader: an exception
+scores 0, a number as the last expression is partial credit, anything else full marks; the
+cell's outputs in the autograded notebook are what the checks printed and how they ended.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from nbgrader.utils import get_partial_grade
 
 from ..checks import inputs
 from ..student import probe
-from ..checks.remote import Remote, Transport
+from ..checks.remote import Remote, RemoteError, Transport
 from ..student.serve import resolve
 
 
@@ -34,7 +36,15 @@ class Verdict:
     grade_id: str
     score: float
     max_score: float
-    report: str  # what the checks printed, and the failure if any
+    graded: bool  # a graded cell (else a visible check that scores nothing)
+    outputs: list[dict]  # nbformat outputs: what the checks printed, then the failure or the result
+
+    @property
+    def report(self) -> str:
+        """The outputs as text (for messages)."""
+        return "".join(o.get("text", "") if o["output_type"] == "stream" else
+                       f"{o['ename']}: {o['evalue']}\n" if o["output_type"] == "error" else
+                       f"{o['data']['text/plain']}\n" for o in self.outputs)
 
 
 class StudentNames(dict):
@@ -48,7 +58,12 @@ class StudentNames(dict):
     def __missing__(self, name: str) -> Any:
         if hasattr(builtins, name):
             raise KeyError(name)  # let Python find the builtin
-        found = probe.invoke(resolve, Remote(name, self.transport))
+        try:
+            found = probe.invoke(resolve, Remote(name, self.transport))
+        except RemoteError as error:
+            if error.type == "NameError":  # as the notebook would say it
+                raise NameError(f"name {name!r} is not defined (run the cell that defines it first)") from None
+            raise
         if not isinstance(found, dict) or not isinstance(found.get("data"), bool):
             raise probe.Malformed(f"malformed answer for the name {name!r}")
         value = found.get("value") if found["data"] else Remote(name, self.transport)
@@ -96,16 +111,17 @@ class Judge:
     def judges(self, index: int) -> bool:
         return index in self.tests
 
-    def judge(self, index: int, transport: Transport) -> Verdict | None:
-        """Run test cell `index` against the student's process; its verdict if it is graded."""
+    def judge(self, index: int, transport: Transport) -> Verdict:
+        """Run test cell `index` against the student's process."""
         if self.names is None:
             self.names = StudentNames(transport)
         self.names.transport = transport
         self.names.forget()
         meta = self.tests[index]["metadata"]["nbgrader"]
+        graded = bool(meta.get("grade"))
         with inputs.fresh_inputs():  # inputs nobody has seen: hard-coded answers gain nothing
-            result = verdict(meta["grade_id"], self.tests[index]["source"], meta.get("points", 0), self.names)
-        return result if meta.get("grade") else None
+            return verdict(meta["grade_id"], self.tests[index]["source"], meta.get("points", 0) if graded else 0,
+                           self.names, graded)
 
 
 def warm(modules: list[str]) -> None:
@@ -123,7 +139,7 @@ def warm(modules: list[str]) -> None:
 def verdicts(cells: list, transport: Transport) -> list[Verdict]:
     """Trusted verdicts of a notebook's graded cells, all judged after the whole notebook ran."""
     judge = Judge(cells)
-    return [v for index in judge.tests if (v := judge.judge(index, transport)) is not None]
+    return [v for index in judge.tests if (v := judge.judge(index, transport)).graded]
 
 
 class _Captured:
@@ -171,16 +187,20 @@ class _Routed(io.TextIOBase):
 _captured = _Captured()
 
 
-def verdict(grade_id: str, source: str, max_score: float, names: StudentNames) -> Verdict:
+def verdict(grade_id: str, source: str, max_score: float, names: StudentNames, graded: bool = True) -> Verdict:
     """Run one test cell against the student's process and score it as nbgrader would."""
-    score = float(max_score)
+    score, ended = float(max_score), None
     with _captured() as printed:
         try:
             result = run_cell(source, names)
             if isinstance(result, (int, float)) and not isinstance(result, bool):
-                score = get_partial_grade({"data": {"text/plain": repr(result)}}, max_score)
+                ended = {"output_type": "execute_result", "execution_count": None,
+                         "data": {"text/plain": repr(result)}, "metadata": {}}
+                score = get_partial_grade(ended, max_score)
         except Exception as failure:  # a failed check, or the student's process gave up
             score = 0.0
-            print(f"{type(failure).__name__}: {failure}")
-        report = printed.getvalue()
-    return Verdict(grade_id, score, float(max_score), report)
+            ename, evalue = type(failure).__name__, str(failure)
+            ended = {"output_type": "error", "ename": ename, "evalue": evalue, "traceback": [f"{ename}: {evalue}"]}
+        text = printed.getvalue()
+    outputs = ([{"output_type": "stream", "name": "stdout", "text": text}] if text else []) + ([ended] if ended else [])
+    return Verdict(grade_id, score, float(max_score), graded, outputs)

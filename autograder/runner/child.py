@@ -1,14 +1,18 @@
 """A child forked from a warm worker: confine itself, then answer the grader's requests.
 
-Requests arrive one at a time on the child's channel: "execute" runs one cell and
-replies with its outputs; "exit" ends the process. The grader sends each cell only when
-the previous one has finished, so code never sees cells that have not run yet. After a
-test cell the grader judges it itself: "restore" puts back what the notebook changed in
-the modules the checks rely on (and says what that was), then each "probe" asks for
-numbers from the student's objects (:mod:`autograder.checks.remote`).
+Requests arrive one at a time on the child's channel, each with an id that its reply
+repeats: "execute" runs one of the notebook's own cells (never a test cell: those run in
+the grader) and replies with its outputs; "exit" ends the process. The grader sends each
+cell only when the previous one has finished, so code never sees cells that have not run
+yet. At each test cell the grader judges in its own process: "restore" puts back what the
+notebook changed in the modules the probes rely on (and says what that was), then each
+"probe" asks for numbers from the student's objects (:mod:`autograder.student.serve`);
+while a probe runs, the course's code may put a "question" to the grader
+(:func:`autograder.student.probe.ask`), answered on the same channel under the probe's id.
 """
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import time
@@ -17,14 +21,15 @@ from typing import Any, Callable
 
 from IPython.core.interactiveshell import InteractiveShell
 
-from ..student import integrity, wire
-from ..student import serve as student
 from ..isolation import confine
-from . import kernel
 from ..isolation.limits import Limits
+from ..student import integrity, probe, wire
+from ..student import serve as student
+from . import kernel
 from .protocol import Channel
 
 REQUEST_LIMIT = 64 << 20  # the grader's requests (cell sources, later tensors)
+ANSWER_LIMIT = 4 << 20  # bytes of tensors in one answer; a larger one is answered with an error
 
 
 def main(channel_fd: int, config: dict, limits: Limits, files: dict[str, bytes], shell: InteractiveShell) -> None:
@@ -35,14 +40,17 @@ def main(channel_fd: int, config: dict, limits: Limits, files: dict[str, bytes],
         try:
             scratch, landlock_abi = confine.confine(channel_fd, config, limits, files)
             kernel.start(scratch, limits.output)
+            integrity.snapshot()  # the last step before student code: what the grader will put back
         except BaseException:
             channel.send({"op": "error", "message": traceback.format_exc(limit=3)})
             raise
         channel.send({"op": "ready", "landlock": landlock_abi, "uid": os.getuid()})
+        # Bound now, before any student code runs: replacing this module's functions later
+        # does not change who answers the grader.
         serve(channel, {
-            "execute": lambda request, buffers: _execute(shell, request),
-            "restore": lambda request, buffers: ({"op": "restored", "changes": integrity.restore()}, []),
-            "probe": lambda request, buffers: _probe(shell, request, buffers),
+            "execute": functools.partial(_execute, shell),
+            "restore": functools.partial(_restore, integrity.restore),
+            "probe": functools.partial(_probe, channel, shell, student.answer, probe.asking_over),
         })
     except BaseException:
         code = 70
@@ -54,25 +62,47 @@ Handler = Callable[[dict, list[bytes]], tuple[dict[str, Any], list[bytes]]]  # (
 
 
 def serve(channel: Channel, handlers: dict[str, Handler]) -> None:
-    """Answer requests until "exit". Tensors travel as raw buffers beside the JSON."""
+    """Answer requests until "exit", each reply under its request's id. Tensors travel as
+    raw buffers beside the JSON."""
     while True:
         request, buffers, _ = channel.receive()
         if request.get("op") == "exit":
             return
         reply, reply_buffers = handlers[request["op"]](request, buffers)
-        channel.send(reply, reply_buffers)
+        channel.send({**reply, "id": request.get("id")}, reply_buffers)
 
 
-def _execute(shell: InteractiveShell, request: dict) -> tuple[dict[str, Any], list[bytes]]:
+def _restore(restore: Callable[[], list[str]], request: dict, buffers: list[bytes]) -> tuple[dict[str, Any], list[bytes]]:
+    return {"op": "restored", "changes": restore()}, []
+
+
+def _execute(shell: InteractiveShell, request: dict, buffers: list[bytes]) -> tuple[dict[str, Any], list[bytes]]:
     started = time.process_time()
+    shell.execution_count = request["count"]  # the grader numbers every code cell, test cells too
     outputs, count = kernel.execute(shell, request["code"])
     return {"op": "executed", "outputs": outputs, "execution_count": count, "cpu": time.process_time() - started}, []
 
 
-def _probe(shell: InteractiveShell, request: dict, buffers: list[bytes]) -> tuple[dict[str, Any], list[bytes]]:
+def _probe(channel: Channel, shell: InteractiveShell, answer_request: Callable, asking_over: Callable,
+           request: dict, buffers: list[bytes]) -> tuple[dict[str, Any], list[bytes]]:
+    def ask(question: Any) -> Any:  # while this probe runs, under its id
+        structure, question_buffers = wire.encode(question)
+        channel.send({"op": "question", "id": request.get("id"), "question": structure}, question_buffers)
+        reply, reply_buffers, _ = channel.receive()
+        answer = wire.decode(reply.get("answer"), reply_buffers)
+        if not isinstance(answer, dict) or "value" not in answer:
+            raise probe.Refused(str(answer.get("error") if isinstance(answer, dict) else answer))
+        return answer["value"]
+
+    asking_over(ask)
     try:
-        answer, answer_buffers = student.answer(shell.user_ns, request.get("request"), buffers)
+        answer, answer_buffers = answer_request(shell.user_ns, request.get("request"), buffers)
     except BaseException as error:  # sys.exit in a probed backward: an answer like any error
-        answer, answer_buffers = wire.encode({"error": f"{type(error).__name__}: {error}"})
+        answer, answer_buffers = wire.encode({"error": f"{type(error).__name__}: {error}", "type": type(error).__name__})
+    finally:
+        asking_over(None)
+    if sum(map(len, answer_buffers)) > ANSWER_LIMIT:
+        answer, answer_buffers = wire.encode({"error": f"the answer has more than {ANSWER_LIMIT >> 20} MiB of tensors",
+                                              "type": "ValueError"})
     kernel.RECORDER.take()  # what the student's code printed while probed belongs to no cell
     return {"op": "answer", "answer": answer}, answer_buffers

@@ -111,8 +111,13 @@ class NobodyToAsk(RuntimeError):
     """`ask` was called while no check was answering questions."""
 
 
+class Refused(RuntimeError):
+    """The judging side would not answer a question."""
+
+
 def ask(question: Any) -> Any:
-    """The judging side's answer to `question` (plain data, as is the answer)."""
+    """The judging side's answer to `question` (plain data, as is the answer); raises
+    Refused (or, in one process, the handler's own exception) when it will not answer."""
     if _asker is not None:
         return _asker(question)
     handler = _answering.get()

@@ -1,0 +1,118 @@
+"""The grader's side of one notebook's channel: requests with ids, replies checked.
+
+Every request carries a fresh random id, which its reply must repeat. The notebook's own
+code shares the child's process, so it can write to the channel too: a message that
+answers no request (an unsolicited frame, one written ahead to be read as a later reply,
+a reply of the wrong kind), or a malformed or oversized one, is `Tampering` — the grader
+stops talking to that notebook, never reads a shifted reply, and the cells it had not
+finished judging score 0. While a probe runs, the course's code in the child may put
+questions to the grader under that probe's id (:func:`autograder.student.probe.ask`);
+the check that is running answers them (:func:`autograder.student.probe.answering`).
+
+The notebook's cells run within the notebook's time budget; judging its test cells has a
+budget of its own, so the grader's work is not counted against the student.
+"""
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+from ..checks import remote
+from ..runner.protocol import Channel, ProtocolError
+from ..student import probe, wire
+from .verdicts import Judge, Verdict
+
+QUESTIONS = 100_000  # per probe: far more than any check asks
+
+
+class Tampering(ProtocolError):
+    """The notebook's process sent something no honest child sends (the message says what)."""
+
+
+class Conversation:
+    """Requests to one notebook's process. `lost` is why judging stopped, if it did."""
+
+    def __init__(self, channel: Channel, judging_budget: float) -> None:
+        self.channel = channel
+        self.judging_budget = judging_budget
+        self.judging = 0.0  # seconds spent judging so far
+        self.answers = 0  # bytes received for judging (not the notebook's output)
+        self.lost: Exception | None = None
+
+    def execute(self, code: str, count: int, timeout: float) -> dict:
+        """Run one of the notebook's cells; its reply (outputs, execution count, CPU)."""
+        reply, _ = self._request({"op": "execute", "code": code, "count": count}, [], "executed", timeout)
+        outputs = reply.get("outputs")
+        if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
+            raise Tampering("an execution reply that is not a list of outputs")
+        return reply
+
+    def judge(self, judge: Judge, index: int, changed: list[str]) -> Verdict:
+        """Judge test cell `index` here: put back what the notebook changed in the modules the
+        probes rely on (adding it to `changed`), then run the cell against the process."""
+        reply, _ = self._judging({"op": "restore"}, [], "restored")
+        changes = reply.get("changes")
+        if not isinstance(changes, list) or not all(isinstance(c, str) for c in changes):
+            raise Tampering("a restore reply that is not a list of changes")
+        changed.extend(c for c in changes if c not in changed)
+        return judge.judge(index, self.transport)
+
+    def transport(self, request: dict) -> Any:
+        """One probe (see autograder.checks.remote.Remote)."""
+        if self.lost is not None:
+            raise remote.RemoteError("the student's process stopped answering")
+        try:
+            structure, buffers = wire.encode(request)
+            reply, buffers = self._judging({"op": "probe", "request": structure}, buffers, "answer")
+        except (TimeoutError, ProtocolError, OSError) as error:
+            self.lost = error  # the checks may swallow it: the run ends when the judge returns
+            raise remote.RemoteError(f"the student's process did not answer ({error})") from None
+        return remote.result(reply.get("answer"), buffers)
+
+    def _judging(self, message: dict, buffers: list[bytes], expected: str) -> tuple[dict, list[bytes]]:
+        started, received = time.monotonic(), self.channel.received
+        try:
+            return self._request(message, buffers, expected, max(self.judging_budget - self.judging, 0.001))
+        finally:
+            self.judging += time.monotonic() - started
+            self.answers += self.channel.received - received
+
+    def _request(self, message: dict, buffers: list[bytes], expected: str, timeout: float) -> tuple[dict, list[bytes]]:
+        """Send `message` under a new id; the reply of kind `expected` under the same id.
+        Questions asked meanwhile (probes only) are answered on the way."""
+        deadline = time.monotonic() + timeout
+        request_id = secrets.token_hex(8)
+        self.channel.send({**message, "id": request_id}, buffers)
+        for _ in range(QUESTIONS):
+            reply, reply_buffers, _ = self.channel.receive(timeout=max(deadline - time.monotonic(), 0.001))
+            if reply.get("id") != request_id:
+                raise Tampering(f"a message that answers no request ({_describe(reply)})")
+            if reply.get("op") == "question" and expected == "answer":
+                self._answer_question(request_id, reply, reply_buffers)
+                continue
+            if reply.get("op") != expected:
+                raise Tampering(f"a reply of the wrong kind ({_describe(reply)}; expected '{expected}')")
+            return reply, reply_buffers
+        raise Tampering(f"more than {QUESTIONS} questions during one probe")
+
+    def _answer_question(self, request_id: str, message: dict, buffers: list[bytes]) -> None:
+        """Answer with the running check's handler; a question it refuses, or one asked when
+        no check answers questions, gets an error answer (the course's code raises it)."""
+        handler = probe.handler()
+        try:
+            question = wire.decode(message.get("question"), buffers)
+            if handler is None:
+                raise probe.NobodyToAsk("no check is running that could answer this")
+            answer = {"value": handler(question)}
+        except Exception as error:  # untrusted question: whatever the handler raises is a refusal
+            answer = {"error": f"{type(error).__name__}: {error}"}
+        structure, answer_buffers = wire.encode(answer)
+        self.channel.send({"op": "reply", "id": request_id, "answer": structure}, answer_buffers)
+
+
+def _describe(message: dict) -> str:
+    """A short, safe description of a message the notebook's process sent."""
+    kind = message.get("op")
+    return f"op {str(kind)[:40]!r}" if isinstance(kind, str) else "no op"
+
