@@ -1,0 +1,166 @@
+"""Notebook 09_real_world in the student's process: training the student's classifier.
+
+While the classifier is graded, the names `Swish` and `LogSumExp` of the student's notebook
+stand for the course's stand-ins, so that the model is graded independently of exercises
+9.1 and 9.2 (which grade the student's own Functions):
+
+- `SwishStandIn` is a Function whose values and gradients are computed by the judging
+  side (:func:`probe.ask`): nothing of the exercise's answer is in this file;
+- `LogSumExpStandIn` is torch's own `torch.logsumexp`, counted.
+
+Both record how the model called them (best effort: the student's process reports it).
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+from dataclasses import asdict
+from typing import Any, Iterator
+
+import torch
+
+from . import probe
+
+STAND_INS = ("Swish", "LogSumExp")
+
+
+class _Calls:
+    """How the model called the stand-ins while one classifier was trained."""
+
+    def __init__(self) -> None:
+        self.swish = 0
+        self.betas: list[torch.Tensor] = []  # the beta of each Swish call (the objects)
+        self.logsumexp = 0
+        self.dims: list[Any] = []
+
+
+_calls: _Calls | None = None
+
+
+def _asked(question: dict, like: torch.Tensor) -> torch.Tensor:
+    answer = probe.ask(question)
+    if not isinstance(answer, torch.Tensor) or answer.shape != like.shape:
+        raise probe.Malformed("the judging side answered with no tensor of the expected shape")
+    return answer.to(dtype=like.dtype, device=like.device)
+
+
+class SwishStandIn(torch.autograd.Function):
+    """Stands in for the notebook's Swish(x, beta) while the classifier is graded; its
+    values and gradients come from the judging side."""
+
+    @staticmethod
+    def forward(ctx, x, beta):
+        if _calls is not None:
+            _calls.swish += 1
+            _calls.betas.append(beta)
+        ctx.save_for_backward(x, beta)
+        return _asked({"op": "swish", "x": x.detach(), "beta": beta.detach()}, x)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x, beta = ctx.saved_tensors
+        question = {"op": "swish backward", "x": x.detach(), "beta": beta.detach(), "grad": grad_output.detach()}
+        answer = probe.ask(question)
+        if not isinstance(answer, (list, tuple)) or len(answer) != 2:
+            raise probe.Malformed("the judging side answered with no pair of gradients")
+        grad_x, grad_beta = answer
+        for grad, like in ((grad_x, x), (grad_beta, beta)):
+            if not isinstance(grad, torch.Tensor) or grad.shape != like.shape:
+                raise probe.Malformed("the judging side answered with a gradient of the wrong shape")
+        return grad_x.to(x.dtype), grad_beta.to(beta.dtype)
+
+
+class LogSumExpStandIn:
+    """Stands in for the notebook's LogSumExp(x, dim): torch.logsumexp, counted."""
+
+    @staticmethod
+    def apply(x, dim):
+        if _calls is not None:
+            _calls.logsumexp += 1
+            _calls.dims.append(dim if isinstance(dim, int) else repr(dim))
+        return torch.logsumexp(x, dim)
+
+
+def _namespace(model_class: Any) -> dict:
+    """The globals the model's methods look names up in (the notebook's)."""
+    for name in ("forward", "loss", "__init__"):
+        method = getattr(model_class, name, None)
+        found = getattr(inspect.unwrap(method), "__globals__", None) if method is not None else None
+        if isinstance(found, dict):
+            return found
+    return {}
+
+
+@contextlib.contextmanager
+def standing_in(model_class: Any) -> Iterator[list[str]]:
+    """While the block runs, the notebook's `Swish` and `LogSumExp` (those it defines) are
+    the stand-ins; yields the names replaced."""
+    namespace = _namespace(model_class)
+    own = {name: namespace[name] for name in STAND_INS if namespace.get(name) is not None}
+    stand_ins = {"Swish": SwishStandIn, "LogSumExp": LogSumExpStandIn}
+    namespace.update({name: stand_ins[name] for name in own})
+    try:
+        yield sorted(own)
+    finally:
+        namespace.update(own)
+
+
+@probe.procedure
+def train_classifier(model_class: Any, x: torch.Tensor, y: torch.Tensor, settings: dict) -> dict:
+    """Build `model_class(n_in, hidden, classes)` with torch's generator seeded, then train it
+    full-batch with Adam on (x, y) for `steps` steps, minimising `model.loss(x, y)`.
+
+    Returns the logits and the model's own loss before training, the logits after, and
+    how the model used Swish and LogSumExp (best effort)."""
+    global _calls
+    hidden, classes, steps, lr, seed = (settings[k] for k in ("hidden", "classes", "steps", "lr", "seed"))
+    stage = "SwishClassifier(...)"
+    calls = _Calls()
+    _calls = calls
+    try:
+        with standing_in(model_class) as replaced:
+            torch.manual_seed(seed)
+            model = model_class(x.shape[1], hidden, classes)
+            parameters = [(name, list(p.shape)) for name, p in model.named_parameters()]
+            stage = "model(x)"
+            logits0 = model(x)
+            swish_calls = calls.swish
+            if not isinstance(logits0, torch.Tensor) or tuple(logits0.shape) != (x.shape[0], classes):
+                shape = tuple(logits0.shape) if isinstance(logits0, torch.Tensor) else type(logits0).__name__
+                raise TypeError(f"model(x) returned {shape}, expected logits of shape {(x.shape[0], classes)}")
+            stage = "model.loss(x, y)"
+            loss0 = model.loss(x, y)
+            if not isinstance(loss0, torch.Tensor) or loss0.dim() != 0:
+                raise TypeError(f"model.loss(x, y) returned {type(loss0).__name__} "
+                                f"{tuple(loss0.shape) if isinstance(loss0, torch.Tensor) else ''}, not a 0-d tensor")
+            own = {id(p) for p in model.parameters()}
+            betas = [{"shape": list(b.shape), "parameter": id(b) in own, "requires_grad": bool(b.requires_grad)}
+                     for b in calls.betas[:swish_calls]]
+            before = {name: p.detach().clone() for name, p in model.named_parameters()}
+            stage = "training"
+            optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+            for _ in range(steps):
+                optimizer.zero_grad()
+                loss = model.loss(x, y)
+                loss.backward()
+                optimizer.step()
+            with torch.no_grad():
+                logits = model(x)
+            changed = [name for name, p in model.named_parameters() if not torch.equal(p.detach(), before[name])]
+    except Exception as exc:  # the student's code may raise anything
+        return {"error": asdict(probe.ProbeError(stage, type(exc).__name__, str(exc)))}
+    finally:
+        _calls = None
+    return {
+        "error": None,
+        "replaced": replaced,
+        "parameters": parameters,
+        "changed": changed,
+        "logits0": logits0.detach(),
+        "loss0": float(loss0.detach()),
+        "logits": logits.detach(),
+        "swish_calls": swish_calls,
+        "betas": betas,
+        "logsumexp_calls": calls.logsumexp,
+        "dims": calls.dims[:8],
+    }
