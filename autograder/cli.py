@@ -56,7 +56,8 @@ def grade(
     0) and flagged for manual review with the reason. Interrupt at any time: running the
     command again grades only what is left (use --force to grade everything again).
     """
-    from .grader.grade import GradingError, Options, grade as run
+    from .grader.grade import GradingError, grade as run
+    from .grader.records import Options
     from .isolation.limits import Limits
 
     options = Options(

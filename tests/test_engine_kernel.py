@@ -11,7 +11,8 @@ from nbgrader.utils import determine_grade
 from autograder.isolation import sandbox
 from autograder.grader.scan import imported
 from autograder.isolation.limits import Limits
-from autograder.grader.pool import Pool, Program
+from autograder.grader.pool import Pool
+from autograder.grader.records import Program
 
 pytestmark = pytest.mark.slow
 

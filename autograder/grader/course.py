@@ -19,8 +19,9 @@ from traitlets.config.loader import PyFileConfigLoader
 
 from .verdicts import Judge, warm
 from . import discover, feedback, report, results, speedups
-from .grade import GradingError, Options
-from .pool import Pool, Program
+from .grade import GradingError
+from .pool import Pool
+from .records import Options, Program
 from .prepare import Preparer, Rejected
 from .writer import Writer
 

@@ -5,35 +5,20 @@ up while this process loads nbgrader and prepares the first submissions.
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
 
 from ..isolation import sandbox
-from ..isolation.limits import Limits
 from .pool import Pool
+from .records import Options
 
 
 class GradingError(Exception):
     """Grading cannot start (the message says what to do)."""
-
-
-@dataclass
-class Options:
-    root: Path
-    assignments: list[str] = field(default_factory=list)  # empty: all
-    students: list[str] = field(default_factory=list)  # empty: all
-    force: bool = False
-    jobs: int = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    limits: Limits = field(default_factory=Limits)
-    sandbox: bool = True
-    db_url: str | None = None
-    feedback: bool = False  # also run nbgrader's feedback step for what was graded
 
 
 @dataclass

@@ -18,7 +18,6 @@ import socket
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,56 +25,16 @@ from ..isolation import sandbox
 from ..isolation.limits import TRUNCATED, Limits
 from ..runner.protocol import Channel, ChannelClosed, ProtocolError
 
+from .records import Cell, Program, Run
+
 if TYPE_CHECKING:  # torch loads in the grader only once the workers are warming up
     from .conversation import Conversation
-    from .verdicts import Judge, Verdict
+    from .verdicts import Judge
 
 STARTUP = 300.0  # seconds a worker may take to warm up (imports torch on a busy machine)
 GRACE = 5.0  # seconds a worker has to report a child's end
 REPLY_SLACK = 1 << 20  # JSON framing around a notebook's outputs
 ESCAPED = 6  # bytes JSON may take for one byte of output (a control character is \u0000)
-
-
-@dataclass
-class Program:
-    """One notebook to run: its code cells in order, the files it expects beside it, and
-    the judge of its test cells (None: the notebook's own test outputs are the grade)."""
-
-    cells: list[tuple[int, str, str]]  # (cell index in the notebook, label, source)
-    files: dict[str, bytes] = field(default_factory=dict)
-    judge: Judge | None = None
-
-
-@dataclass
-class Cell:
-    outputs: list[dict[str, Any]]
-    execution_count: int
-    seconds: float  # wall time, measured here
-    cpu: float  # CPU time, as the notebook's process reports it (for statistics only)
-
-
-@dataclass
-class Run:
-    """What happened to one notebook."""
-
-    cells: dict[int, Cell] = field(default_factory=dict)  # by cell index, for the cells that finished
-    verdicts: dict[int, Verdict] = field(default_factory=dict)  # of the graded test cells, by cell index
-    changed: list[str] = field(default_factory=list)  # what the notebook changed in the modules the probes rely on
-    tampering: str | None = None  # what the notebook's process sent that no honest child sends
-    limits_reached: list[str] = field(default_factory=list)  # limits it ran into, though it ran on
-    failure: str | None = None  # why the notebook did not run to the end
-    stopped_at: int | None = None  # index of the cell running when it stopped
-    seconds: float = 0.0  # wall time, from fork to exit
-    cpu: float = 0.0  # CPU seconds of the child
-    maxrss: int = 0  # peak resident memory of the child, KiB
-
-    @property
-    def code_seconds(self) -> float:
-        return sum(c.seconds for c in self.cells.values())
-
-    @property
-    def code_cpu(self) -> float:
-        return sum(c.cpu for c in self.cells.values())
 
 
 class SetupError(Exception):
@@ -108,7 +67,7 @@ class Worker:
         )
         theirs.close()
         self.control = Channel(ours)
-        self.control.send(launch.config)
+        self.control.send(launch.config.to_message())
         self.ready = False
         if self.modules:
             self.preload(self.modules)

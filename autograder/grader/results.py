@@ -19,7 +19,7 @@ from nbformat import NotebookNode
 from nbformat.v4 import new_markdown_cell, new_output
 from nbgrader import utils
 
-from .pool import Run
+from .records import Run
 from .prepare import Prepared
 
 

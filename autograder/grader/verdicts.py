@@ -19,7 +19,6 @@ import importlib
 import io
 import sys
 import threading
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
@@ -29,22 +28,7 @@ from ..checks import inputs
 from ..student import probe
 from ..checks.remote import Remote, RemoteError, Transport
 from ..student.serve import resolve
-
-
-@dataclass
-class Verdict:
-    grade_id: str
-    score: float
-    max_score: float
-    graded: bool  # a graded cell (else a visible check that scores nothing)
-    outputs: list[dict]  # nbformat outputs: what the checks printed, then the failure or the result
-
-    @property
-    def report(self) -> str:
-        """The outputs as text (for messages)."""
-        return "".join(o.get("text", "") if o["output_type"] == "stream" else
-                       f"{o['ename']}: {o['evalue']}\n" if o["output_type"] == "error" else
-                       f"{o['data']['text/plain']}\n" for o in self.outputs)
+from .records import Verdict
 
 
 class StudentNames(dict):

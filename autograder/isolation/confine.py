@@ -16,7 +16,7 @@ import sys
 import tempfile
 
 from . import landlock
-from .limits import Limits
+from .limits import Limits, WorkerConfig
 
 _PR_SET_PDEATHSIG = 1
 
@@ -35,7 +35,7 @@ def drop_privileges(uid: int | None) -> None:
         os.setresuid(uid, uid, uid)
 
 
-def confine(channel_fd: int, config: dict, limits: Limits, files: dict[str, bytes]) -> tuple[str, int]:
+def confine(channel_fd: int, config: WorkerConfig, limits: Limits, files: dict[str, bytes]) -> tuple[str, int]:
     """Confine this process; returns its scratch directory and the Landlock ABI applied (0: none)."""
     os.setsid()
     for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
@@ -51,9 +51,9 @@ def confine(channel_fd: int, config: dict, limits: Limits, files: dict[str, byte
     if sys.platform.startswith("linux"):  # under memory pressure, the kernel kills notebooks first
         with open("/proc/self/oom_score_adj", "w") as f:
             f.write("1000")
-    drop_privileges(config["uid"])
+    drop_privileges(config.uid)
 
-    scratch = tempfile.mkdtemp(prefix="notebook-", dir=config["scratch"])
+    scratch = tempfile.mkdtemp(prefix="notebook-", dir=config.scratch)
     for name, data in files.items():
         path = os.path.join(scratch, name)
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -65,8 +65,8 @@ def confine(channel_fd: int, config: dict, limits: Limits, files: dict[str, byte
     os.environ["USER"] = os.environ["LOGNAME"] = "student"  # the user may have no passwd entry
     tempfile.tempdir = None
 
-    _set_limits(limits, config["limit_processes"])
-    applied = landlock.restrict(read=[*config["readable"], "/dev", "/proc", "/sys"], write=[scratch, "/dev"])
+    _set_limits(limits, config.limit_processes)
+    applied = landlock.restrict(read=[*config.readable, "/dev", "/proc", "/sys"], write=[scratch, "/dev"])
     return scratch, applied
 
 

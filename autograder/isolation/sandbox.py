@@ -25,6 +25,7 @@ from pathlib import Path
 import autograder
 
 from . import landlock
+from .limits import WorkerConfig
 
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd", "group", "nsswitch.conf", "localtime", "fonts", "alternatives")
@@ -166,7 +167,7 @@ class Launch:
 
     argv: list[str]
     env: dict[str, str]
-    config: dict
+    config: WorkerConfig
 
 
 def launch(isolation: Isolation, course_root: Path, runtime: Path, control_fd: int, slot: int) -> Launch:
@@ -191,17 +192,13 @@ def launch(isolation: Isolation, course_root: Path, runtime: Path, control_fd: i
         for name, value in env.items():
             prefix += ["--setenv", name, value]
         command = [*prefix, "--", *command]
-    config = {
-        "sandboxed": sandboxed,
-        "scratch": scratch,
-        "readable": [*without(readable, hidden_paths()), *(p for p in SYSTEM if os.path.exists(p)), "/etc"],
-        # RLIMIT_NPROC counts every process of a user, and not root's: it works in a
-        # sandbox's own user namespace or for the worker's own unprivileged user, not for
-        # the grader's user outside a sandbox (where root may be the only user that can
-        # read the Python installation, so children keep it).
-        "limit_processes": sandboxed,
-        "uid": FIRST_UID + slot if sandboxed and isolation.root else None,
-    }
+    config = WorkerConfig(
+        sandboxed=sandboxed,
+        scratch=scratch,
+        readable=[*without(readable, hidden_paths()), *(p for p in SYSTEM if os.path.exists(p)), "/etc"],
+        limit_processes=sandboxed,
+        uid=FIRST_UID + slot if sandboxed and isolation.root else None,
+    )
     return Launch(command, env, config)
 
 

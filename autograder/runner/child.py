@@ -22,7 +22,7 @@ from typing import Any, Callable
 from IPython.core.interactiveshell import InteractiveShell
 
 from ..isolation import confine
-from ..isolation.limits import Limits
+from ..isolation.limits import Limits, WorkerConfig
 from ..student import integrity, probe, wire
 from ..student import serve as student
 from . import kernel
@@ -32,7 +32,7 @@ REQUEST_LIMIT = 64 << 20  # the grader's requests (cell sources, later tensors)
 ANSWER_LIMIT = 4 << 20  # bytes of tensors in one answer; a larger one is answered with an error
 
 
-def main(channel_fd: int, config: dict, limits: Limits, files: dict[str, bytes], shell: InteractiveShell) -> None:
+def main(channel_fd: int, config: WorkerConfig, limits: Limits, files: dict[str, bytes], shell: InteractiveShell) -> None:
     """Never returns: the process ends with os._exit."""
     code = 0
     try:

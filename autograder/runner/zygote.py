@@ -26,7 +26,7 @@ import time
 
 from ..isolation import confine
 from . import child, kernel
-from ..isolation.limits import Limits
+from ..isolation.limits import Limits, WorkerConfig
 from .protocol import Channel
 
 
@@ -74,7 +74,8 @@ def warm():
 
 def main(control_fd: int) -> None:
     control = Channel(socket.socket(fileno=control_fd), accept_fds=True)
-    config, _, _ = control.receive()
+    message, _, _ = control.receive()
+    config = WorkerConfig.from_message(message)
     confine.die_with_parent()
     shell = warm()
     tasks = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else threading.active_count()
@@ -107,7 +108,7 @@ def preload(modules: list[str]) -> None:
     gc.freeze()
 
 
-def _run(control: Channel, config: dict, message: dict, buffers: list[bytes], fds: list[int], wake: int, shell) -> None:
+def _run(control: Channel, config: WorkerConfig, message: dict, buffers: list[bytes], fds: list[int], wake: int, shell) -> None:
     (channel_fd,) = fds
     limits = Limits.from_message(message["limits"])
     files = dict(zip(message["files"], buffers))
@@ -117,7 +118,7 @@ def _run(control: Channel, config: dict, message: dict, buffers: list[bytes], fd
     os.close(channel_fd)
     status, usage = _wait(control, pid, wake, config)
     _kill_all(pid, config)  # whatever the notebook left running
-    _wipe(config["scratch"], config["uid"])
+    _wipe(config.scratch, config.uid)
     control.send({
         "op": "exited",
         "code": os.waitstatus_to_exitcode(status),
@@ -127,7 +128,7 @@ def _run(control: Channel, config: dict, message: dict, buffers: list[bytes], fd
     })
 
 
-def _wait(control: Channel, pid: int, wake: int, config: dict):
+def _wait(control: Channel, pid: int, wake: int, config: WorkerConfig):
     while True:
         done, status, usage = os.wait4(pid, os.WNOHANG)
         if done:
@@ -143,12 +144,12 @@ def _wait(control: Channel, pid: int, wake: int, config: dict):
                 _signal_all(pid, config)  # the rest is waited for once the child is reaped
 
 
-def _signal_all(pid: int, config: dict) -> bool:
+def _signal_all(pid: int, config: WorkerConfig) -> bool:
     """SIGKILL the child and everything it started: all of this sandbox's other processes
     (its own PID namespace), or without a sandbox the child's process group. False if
     there was none left."""
     try:
-        if config["sandboxed"]:
+        if config.sandboxed:
             os.kill(-1, signal.SIGKILL)
         else:
             os.killpg(pid, signal.SIGKILL)
@@ -157,10 +158,10 @@ def _signal_all(pid: int, config: dict) -> bool:
     return True
 
 
-def _kill_all(pid: int, config: dict) -> None:
+def _kill_all(pid: int, config: WorkerConfig) -> None:
     """Kill whatever the notebook left running, once its child is reaped (a zombie stays
     listed in /proc until then)."""
-    if not _signal_all(pid, config) or not config["sandboxed"]:
+    if not _signal_all(pid, config) or not config.sandboxed:
         return
     # Until the namespace's init has reaped them they still count against the next
     # child's process limit: wait for them to be gone.

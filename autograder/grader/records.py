@@ -1,0 +1,85 @@
+"""The records the grader's modules pass to one another: what to grade (`Options`), one
+notebook to run (`Program`), what happened to it (`Run`, `Cell`) and each test cell's
+trusted verdict (`Verdict`). Kept apart so that no module imports another for its types."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..isolation.limits import Limits
+
+if TYPE_CHECKING:
+    from .verdicts import Judge
+
+
+@dataclass
+class Options:
+    root: Path
+    assignments: list[str] = field(default_factory=list)  # empty: all
+    students: list[str] = field(default_factory=list)  # empty: all
+    force: bool = False
+    jobs: int = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    limits: Limits = field(default_factory=Limits)
+    sandbox: bool = True
+    db_url: str | None = None
+    feedback: bool = False  # also run nbgrader's feedback step for what was graded
+
+
+@dataclass
+class Program:
+    """One notebook to run: its code cells in order, the files it expects beside it, and
+    the judge of its test cells (None: the notebook's own test outputs are the grade)."""
+
+    cells: list[tuple[int, str, str]]  # (cell index in the notebook, label, source)
+    files: dict[str, bytes] = field(default_factory=dict)
+    judge: Judge | None = None
+
+
+@dataclass
+class Verdict:
+    grade_id: str
+    score: float
+    max_score: float
+    graded: bool  # a graded cell (else a visible check that scores nothing)
+    outputs: list[dict]  # nbformat outputs: what the checks printed, then the failure or the result
+
+    @property
+    def report(self) -> str:
+        """The outputs as text (for messages)."""
+        return "".join(o.get("text", "") if o["output_type"] == "stream" else
+                       f"{o['ename']}: {o['evalue']}\n" if o["output_type"] == "error" else
+                       f"{o['data']['text/plain']}\n" for o in self.outputs)
+
+
+@dataclass
+class Cell:
+    outputs: list[dict[str, Any]]
+    execution_count: int
+    seconds: float  # wall time, measured here
+    cpu: float  # CPU time, as the notebook's process reports it (for statistics only)
+
+
+@dataclass
+class Run:
+    """What happened to one notebook."""
+
+    cells: dict[int, Cell] = field(default_factory=dict)  # by cell index, for the cells that finished
+    verdicts: dict[int, Verdict] = field(default_factory=dict)  # of the graded test cells, by cell index
+    changed: list[str] = field(default_factory=list)  # what the notebook changed in the modules the probes rely on
+    tampering: str | None = None  # what the notebook's process sent that no honest child sends
+    limits_reached: list[str] = field(default_factory=list)  # limits it ran into, though it ran on
+    failure: str | None = None  # why the notebook did not run to the end
+    stopped_at: int | None = None  # index of the cell running when it stopped
+    seconds: float = 0.0  # wall time, from fork to exit
+    cpu: float = 0.0  # CPU seconds of the child
+    maxrss: int = 0  # peak resident memory of the child, KiB
+
+    @property
+    def code_seconds(self) -> float:
+        return sum(c.seconds for c in self.cells.values())
+
+    @property
+    def code_cpu(self) -> float:
+        return sum(c.cpu for c in self.cells.values())
