@@ -160,7 +160,7 @@ def test_swish_sum_fails_for_a_per_channel_beta():
 def test_swish_unreduced_gradient_is_found_although_the_engine_sums_it(capsys):
     message = fails(rw.check_swish, notebook((".sum_to_size(beta.shape)", ""))["Swish"])
     assert "✔ Swish: forward, backward and double backward agree" in capsys.readouterr().out  # the engine summed it
-    assert "backward returned a gradient of shape (4, 3) for `beta`, which has shape ()" in message
+    assert "backward returned a gradient of shape (4, 3) for `beta`, which has shape (3,)" in message
     assert "sum_to_size(beta.shape)" in message
 
 
@@ -171,6 +171,14 @@ def test_swish_overflow_at_large_beta_x():
     )
     message = fails(rw.check_swish, overflowing["Swish"])
     assert "wrong gradient for `x`" in message and "overflows to inf" in message
+
+
+def test_swish_tensor_made_on_the_cpu_shows_on_the_meta_device():
+    cpu = notebook(("grad_beta = (grad_output * x * x * s * (1 - s)).sum_to_size(beta.shape)",
+                    "grad_beta = torch.zeros(beta.shape, dtype=beta.dtype)\n"
+                    "        grad_beta += (grad_output * x * x * s * (1 - s)).sum_to_size(beta.shape)"))
+    message = fails(rw.check_swish, cpu["Swish"])
+    assert message.startswith("on another device (meta) backward mixes devices") and "device=" in message
 
 
 def test_swish_float32():

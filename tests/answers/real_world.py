@@ -72,6 +72,11 @@ class Swish(torch.autograd.Function):
 '''),
     wrong("swish", "forward returns float32", ("return x * torch.sigmoid(beta * x)",
                                                  "return (x * torch.sigmoid(beta * x)).float()")),
+    wrong("swish", "β's gradient accumulated into a tensor made on the CPU", (
+        "grad_beta = (grad_output * x * x * s * (1 - s)).sum_to_size(beta.shape)",
+        "grad_beta = torch.zeros(beta.shape, dtype=beta.dtype)\n"
+        "            grad_beta += (grad_output * x * x * s * (1 - s)).sum_to_size(beta.shape)",
+    )),
     wrong("swish", "forgets the chain rule through βx in dy/dx",
           ("grad_x = grad_output * (s + beta * x * s * (1 - s))", "grad_x = grad_output * (s + x * s * (1 - s))")),
     # LogSumExp
@@ -176,7 +181,7 @@ class TanhFixedPoint(torch.autograd.Function):
             for _ in range(100):
                 z = torch.tanh(z @ W_.T + x_)
             return torch.autograd.grad(z, (x_, W_), grad_output)
-'''),
+''', flag="asks autograd for the gradient inside backward"),
     # SwishClassifier
     wrong("swish_classifier", "β a plain tensor, not a Parameter",
           ("self.beta = torch.nn.Parameter(torch.ones(hidden))", "self.beta = torch.ones(hidden)")),
