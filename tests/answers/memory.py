@@ -1,0 +1,199 @@
+"""08_memory: wrong answers that must lose points, unusual right ones that must not."""
+from . import right, wrong
+
+MUTANTS = [
+    # ReLU saving a mask
+    wrong("relu", "saves the float input x instead of a mask",
+          ("ctx.save_for_backward(mask)", "ctx.save_for_backward(x)"),
+          ("(mask,) = ctx.saved_tensors", "(x,) = ctx.saved_tensors\n        mask = x > 0")),
+    wrong("relu", "saves the output (nothing else keeps it alive)",
+          ("        mask = x > 0\n        ctx.save_for_backward(mask)\n        return x.clamp(min=0)",
+           "        y = x.clamp(min=0)\n        ctx.save_for_backward(y)\n        return y"),
+          ("(mask,) = ctx.saved_tensors", "(y,) = ctx.saved_tensors\n        mask = y > 0")),
+    wrong("relu", "stashes the mask on ctx (the guide's UltraSelective)",
+          ("ctx.save_for_backward(mask)", "ctx.mask = mask"), ("(mask,) = ctx.saved_tensors", "mask = ctx.mask")),
+    wrong("relu", "keeps the mask as a float tensor",
+          ("mask = x > 0", "mask = (x > 0).to(x.dtype)")),
+    wrong("relu", "zeroes grad_output in place (the guide's CustomReLU without its clone)",
+          ("return grad_output * mask", "grad_output[~mask] = 0\n        return grad_output")),
+    # LinearReLU
+    wrong("linear_relu", "saves x, weight and bias whatever needs a gradient (the guide's FusedLinearReLU)",
+          ("ctx.save_for_backward(x if weight_needs else None, weight if x_needs else None, mask)",
+           "ctx.save_for_backward(x, weight, bias, mask)"),
+          ("x, weight, mask = ctx.saved_tensors", "x, weight, _, mask = ctx.saved_tensors")),
+    wrong("linear_relu", "ignores needs_input_grad when saving (right for a hidden layer only)",
+          ("ctx.save_for_backward(x if weight_needs else None, weight if x_needs else None, mask)",
+           "ctx.save_for_backward(x, weight, mask)")),
+    wrong("linear_relu", "saves the pre-activation z instead of a mask",
+          ("ctx.save_for_backward(x if weight_needs else None, weight if x_needs else None, mask)\n"
+           "        return z.relu_()  # in place on z, a tensor forward created: nobody else sees it",
+           "ctx.save_for_backward(x if weight_needs else None, weight if x_needs else None, z)\n"
+           "        return torch.relu(z)"),
+          ("x, weight, mask = ctx.saved_tensors", "x, weight, z = ctx.saved_tensors\n        mask = z > 0")),
+    wrong("linear_relu", "saves the output instead of a mask",
+          ("ctx.save_for_backward(x if weight_needs else None, weight if x_needs else None, mask)\n"
+           "        return z.relu_()  # in place on z, a tensor forward created: nobody else sees it",
+           "y = torch.relu(z)\n"
+           "        ctx.save_for_backward(x if weight_needs else None, weight if x_needs else None, y)\n"
+           "        return y"),
+          ("x, weight, mask = ctx.saved_tensors", "x, weight, y = ctx.saved_tensors\n        mask = y > 0")),
+    wrong("linear_relu", "stashes the mask on ctx",
+          ("ctx.save_for_backward(x if weight_needs else None, weight if x_needs else None, mask)",
+           "ctx.save_for_backward(x if weight_needs else None, weight if x_needs else None)\n        ctx.mask = mask"),
+          ("x, weight, mask = ctx.saved_tensors", "x, weight = ctx.saved_tensors\n        mask = ctx.mask")),
+    wrong("linear_relu", "squeezes grad_bias (wrong when out = 1)",
+          ("grad_bias = g.sum(0) if", "grad_bias = g.sum(0).squeeze() if")),
+    wrong("linear_relu", "recomputes z in backward from x, weight and bias", source='''
+class LinearReLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight, bias)  # recompute the mask in backward instead of keeping it
+        return torch.relu(x @ weight.T + bias)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x, weight, bias = ctx.saved_tensors
+        g = grad_output * (x @ weight.T + bias > 0)
+        return g @ weight, g.T @ x, g.sum(0)
+'''),
+    # Checkpoint
+    wrong("manual_checkpoint", "does not restore the random generator (preserve_rng_state=False)",
+          ("            torch.set_rng_state(ctx.states[0])\n", "")),
+    wrong("manual_checkpoint", "restores the generator without fork_rng (moves the caller's generator)",
+          ("with torch.random.fork_rng(devices=ctx.devices), torch.enable_grad():", "with torch.enable_grad():")),
+    wrong("manual_checkpoint", "returns None for the parameters (the guide's CheckpointedSequential)",
+          ("wrt = [t for t in inputs if t.requires_grad]", "wrt = inputs[:1] if inputs[0].requires_grad else []"),
+          ("grads = iter(torch.autograd.grad(output, wrt, grad_output, allow_unused=True))",
+           "grads = iter(torch.autograd.grad(output, wrt, grad_output, allow_unused=True) + (None,) * len(inputs))")),
+    wrong("manual_checkpoint", "saves the output too",
+          ("        ctx.save_for_backward(*inputs)\n        return run(*inputs)  # forward records nothing: no intermediate of run is kept",
+           "        output = run(*inputs)\n        ctx.save_for_backward(*inputs, output)\n        return output"),
+          ("zip(ctx.saved_tensors, ctx.needs_input_grad[1:])", "zip(ctx.saved_tensors[:-1], ctx.needs_input_grad[1:])")),
+    wrong("manual_checkpoint", "keeps forward's graph on ctx instead of recomputing", source='''
+class Checkpoint(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, run, *inputs):
+        with torch.enable_grad():
+            ctx.inputs = [t.detach().requires_grad_() for t in inputs]
+            ctx.output = run(*ctx.inputs)
+        return ctx.output.detach()
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return (None, *torch.autograd.grad(ctx.output, ctx.inputs, grad_output))
+'''),
+    wrong("manual_checkpoint", "recomputes from inputs that do not require grad",
+          ("inputs = [t.detach().requires_grad_(needs) for t, needs in zip(ctx.saved_tensors, ctx.needs_input_grad[1:])]",
+           "inputs = [t.detach() for t in ctx.saved_tensors]"),
+          ("wrt = [t for t in inputs if t.requires_grad]", "wrt = inputs")),
+    # save_as_bf16
+    wrong("save_as_bf16", "unpack gives back bfloat16", ("return t if dtype is None else t.to(dtype)", "return t")),
+    wrong("save_as_bf16", "compresses the parameters too",
+          ("if t.dtype in (torch.float32, torch.float64) and not (t.is_leaf and t.requires_grad):",
+           "if t.dtype in (torch.float32, torch.float64):")),
+    wrong("save_as_bf16", "compresses every tensor, indices and masks included",
+          ("if t.dtype in (torch.float32, torch.float64) and not (t.is_leaf and t.requires_grad):",
+           "if not (t.is_leaf and t.requires_grad):")),
+    wrong("save_as_bf16", "float16 instead of bfloat16 (overflows above 65504)",
+          ("return (t.dtype, t.to(torch.bfloat16))", "return (t.dtype, t.to(torch.float16))")),
+    wrong("save_as_bf16", "compresses float32 only (float64 kept as it is)",
+          ("if t.dtype in (torch.float32, torch.float64) and", "if t.dtype == torch.float32 and")),
+    wrong("save_as_bf16", "unpack always gives back float32", ("return t if dtype is None else t.to(dtype)",
+                                                               "return t if dtype is None else t.float()")),
+    wrong("save_as_bf16", "offloads to the CPU and forgets the device",
+          ("return (t.dtype, t.to(torch.bfloat16))", "return (t.dtype, t.to('cpu', torch.bfloat16))")),
+    wrong("save_as_bf16", "compresses nothing", ("return (t.dtype, t.to(torch.bfloat16))", "return (None, t)")),
+    # True or false
+    wrong("claims", "thinks detach() saves memory", ('"a": "false"', '"a": "true"')),
+    wrong("claims", "thinks checkpointing is O(1) memory", ('"c": "false"', '"c": "true"')),
+    wrong("claims", "thinks a missing RNG state raises", ('"e": "false"', '"e": "true"')),
+]
+
+VARIANTS = [
+    right("relu", "one bit per element: the mask packed into uint8", source='''
+class ReLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        bits = (x > 0).flatten()
+        bits = torch.cat([bits, bits.new_zeros((-bits.numel()) % 8)]).view(-1, 8).to(torch.uint8)
+        weights = 2 ** torch.arange(8, dtype=torch.uint8, device=x.device)
+        ctx.save_for_backward((bits * weights).sum(1, dtype=torch.uint8))
+        ctx.shape = x.shape
+        return torch.relu(x)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (packed,) = ctx.saved_tensors
+        shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
+        bits = (packed.unsqueeze(1) >> shifts) & 1
+        mask = bits.flatten()[: grad_output.numel()].view(ctx.shape).bool()
+        return torch.where(mask, grad_output, 0.0)
+'''),
+    right("linear_relu", "F.linear, a uint8 mask from the output, Nones skipped in save_for_backward", source='''
+import torch.nn.functional as F
+
+
+class LinearReLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        y = F.linear(x, weight, bias).clamp_(min=0)
+        ctx.keep = [ctx.needs_input_grad[1], ctx.needs_input_grad[0]]  # x, weight
+        ctx.save_for_backward(*[t for t, k in zip((x, weight), ctx.keep) if k], (y > 0).to(torch.uint8))
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        saved = list(ctx.saved_tensors)
+        mask = saved.pop()
+        x = saved.pop(0) if ctx.keep[0] else None
+        weight = saved.pop(0) if ctx.keep[1] else None
+        g = torch.where(mask.bool(), grad_output, torch.zeros_like(grad_output))
+        return (
+            g.mm(weight) if weight is not None else None,
+            g.t().mm(x) if x is not None else None,
+            g.sum(dim=0) if ctx.needs_input_grad[2] else None,
+        )
+'''),
+    right("manual_checkpoint", "Tensor.backward on the replay, every input requiring grad, the state saved", source='''
+class Checkpoint(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, run, *inputs):
+        ctx.run = run
+        ctx.save_for_backward(torch.get_rng_state(), *inputs)
+        return run(*inputs)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        state, *inputs = ctx.saved_tensors
+        inputs = [t.detach().requires_grad_() for t in inputs]
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(state)
+            with torch.enable_grad():
+                ctx.run(*inputs).backward(grad_output)
+        return (None, *(t.grad for t in inputs))
+'''),
+    right("save_as_bf16", "float32 rounded to bfloat16 bits by hand, a dict, float64 via .to", source='''
+class save_as_bf16(torch.autograd.graph.saved_tensors_hooks):
+    def __init__(self):
+        def pack(t):
+            if (t.is_leaf and t.requires_grad) or not t.is_floating_point() or t.element_size() < 4:
+                return {"how": "as is", "t": t}
+            if t.dtype == torch.float32:  # round to nearest even, keep the upper 16 bits
+                bits = t.detach().contiguous().view(torch.int32)
+                top = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+                return {"how": "bits", "t": top.to(torch.int16)}
+            return {"how": "cast", "t": t.to(torch.bfloat16), "dtype": t.dtype}
+
+        def unpack(packed):
+            if packed["how"] == "bits":
+                return (packed["t"].to(torch.int32) << 16).view(torch.float32)
+            if packed["how"] == "cast":
+                return packed["t"].to(packed["dtype"])
+            return packed["t"]
+
+        super().__init__(pack, unpack)
+'''),
+    right("claims", "capitals and spaces", source='''
+claims = {"a": "False", "b": " true", "c": "FALSE", "d": "True", "e": "false ", "f": "false", "g": "False", "h": "TRUE"}
+'''),
+]

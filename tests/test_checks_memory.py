@@ -1,0 +1,533 @@
+"""Unit tests of autograder.exercises.memory (notebook 08) and of the meters in
+autograder.student.memory: budgets of bytes saved with the messages they give, the
+checkpoint and hooks checks, the same verdicts through a Remote proxy, and the answer key
+of the notebook's true-or-false exercise, checked against torch itself."""
+from __future__ import annotations
+
+import ast
+import functools
+import io
+import contextlib
+
+import nbformat
+import pytest
+import torch
+import torch.nn.functional as F
+
+from answers import memory as answers
+from autograder import authoring
+from autograder.checks.remote import Remote, loopback
+from autograder.exercises import memory as m
+from autograder.student import memory
+from autograder.student.report import CheckFailed
+from grading import exercises
+
+SLUG = "08_memory"
+
+
+def function(name, forward, backward):
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+
+
+def failure(check, answer, **kwargs) -> str:
+    with pytest.raises(CheckFailed) as info:
+        check(answer, **kwargs)
+    return str(info.value)
+
+
+def remote(name, answer):
+    return Remote(name, loopback({name: answer}))
+
+
+@functools.lru_cache(maxsize=None)
+def _solutions() -> dict[str, str]:
+    nb = nbformat.read(authoring.solution_path(SLUG), as_version=4)
+    return {e.answer_id: e.solution for e in exercises(nb)}
+
+
+def defined(answer_id: str, source: str | None = None) -> dict:
+    """The names an answer cell defines (the model solution unless `source` is given)."""
+    namespace = {"torch": torch, "F": F}
+    exec(compile(source or _solutions()[answer_id], f"<{answer_id}>", "exec"), namespace)
+    return namespace
+
+
+ReLU = defined("relu")["ReLU"]
+LinearReLU = defined("linear_relu")["LinearReLU"]
+Checkpoint = defined("manual_checkpoint")["Checkpoint"]
+save_as_bf16 = defined("save_as_bf16")["save_as_bf16"]
+
+
+# --- The meters ----------------------------------------------------------------------------
+
+def test_saved_memory_counts_each_memory_block_once():
+    w = torch.randn(3, 3, requires_grad=True)
+    x = torch.randn(2, 3)
+    with memory.SavedMemory() as saved:
+        torch.tanh(x @ w) @ w  # the tanh output is saved by tanh and by the second matmul
+    assert saved.count == 4  # x, tanh's output twice, w
+    assert saved.nbytes == 2 * 3 * 4 + 2 * 3 * 4 + 3 * 3 * 4
+    assert "4 tensors saved, keeping 84 bytes alive" in str(saved)
+
+
+def test_saved_memory_through_other_hooks_counts_what_they_keep():
+    x = torch.randn(4, 8, requires_grad=True)
+    with memory.SavedMemory(through=save_as_bf16()) as saved:
+        torch.tanh(x * 2)
+    assert saved.count == 1 and saved.nbytes == 4 * 8 * 2
+    with memory.SavedMemory(through=torch.autograd.graph.save_on_cpu()) as saved:
+        torch.tanh(x * 2)
+    assert saved.nbytes == 4 * 8 * 4  # on the CPU: the tensor itself
+
+
+def test_peak_memory_sees_forward_and_backward():
+    x = torch.randn(256, requires_grad=True)  # created before: not counted
+    with memory.PeakMemory() as mem:
+        y = x.exp()  # 1 KiB, saved by exp
+        view = y[1:]  # a view: no new memory
+        assert mem.now == 1024
+        y.sum().backward()
+        assert mem.peak >= 2048  # the output and the gradient computed from it
+    del y, view
+    x.grad = None
+    assert mem.now == 0
+
+
+def test_human():
+    assert memory.human(1536) == "1.5 KiB" and memory.human(12) == "12 bytes"
+
+
+# --- ReLU ----------------------------------------------------------------------------------
+
+def relu(save="mask", stash=False, backward_in_place=False):
+    def forward(ctx, x):
+        mask = x > 0
+        saved = {"mask": mask, "input": x, "float mask": mask.to(x.dtype), "output": None}[save]
+        y = x.clamp(min=0)
+        if save == "output":
+            saved = y
+        if stash:
+            ctx.mask = saved
+        else:
+            ctx.save_for_backward(saved)
+        return y
+
+    def backward(ctx, grad_output):
+        (saved,) = (ctx.mask,) if stash else ctx.saved_tensors
+        mask = saved > 0
+        if backward_in_place:
+            grad_output[~mask] = 0
+            return grad_output
+        return grad_output * mask
+
+    return function("ReLU", forward, backward)
+
+
+def test_relu_right(capsys):
+    m.check_relu(relu())
+    m.check_relu(ReLU, shapes=[(), (7,), (2, 1, 3)], seed=None)
+    out = capsys.readouterr().out
+    assert "✔ ReLU saves 5 bytes for x of shape (5,) (float64: 40 bytes), within its budget" in out
+    assert "✔ ReLU: forward and backward agree with the reference" in out
+
+
+def test_relu_saving_the_input():
+    message = failure(m.check_relu, relu(save="input"))
+    assert message.startswith(
+        "ReLU saved the input `x`, float64 of shape (2, 3), 48 bytes; a bool mask of x > 0 (6 bytes) is all backward needs."
+    )
+    assert "a torch.bool mask takes 1 byte per element" in message
+
+
+def test_relu_saving_the_output():
+    message = failure(m.check_relu, relu(save="output"))
+    assert message.startswith("ReLU saved the output, float64 of shape (2, 3), 48 bytes;")
+    assert "here nothing does" in message
+
+
+def test_relu_saving_a_float_mask():
+    message = failure(m.check_relu, relu(save="float mask"))
+    assert message.startswith("ReLU saved the intermediate (x > 0) as a float, float64 of shape (2, 3), 48 bytes")
+    assert "keep it as the torch.bool tensor x > 0" in message
+
+
+def test_relu_stashing_the_mask():
+    message = failure(m.check_relu, relu(stash=True))
+    assert message.startswith("ReLU: tensor `ctx.mask` (an intermediate of shape (2, 3), 6 bytes) is stashed on ctx.")
+    assert "Stashing saves no memory" in message
+
+
+def test_relu_zeroing_grad_output_in_place():
+    assert failure(m.check_relu, relu(backward_in_place=True)).startswith("ReLU: backward modified grad_output in place.")
+
+
+def test_relu_two_masks_exceed_the_budget():
+    def forward(ctx, x):
+        ctx.save_for_backward(x > 0, x > 0)
+        return x.clamp(min=0)
+
+    message = failure(m.check_relu, function("ReLU", forward, lambda ctx, g: g * ctx.saved_tensors[0]))
+    assert message.startswith("ReLU saves 12 bytes, more than its budget of 6; a bool mask of x > 0 (6 bytes)")
+
+
+# --- LinearReLU ----------------------------------------------------------------------------
+
+def linear_relu(save=("x", "weight", "mask"), by_needs=True, extra_matmul=False, bias_squeezed=False):
+    def forward(ctx, x, weight, bias):
+        z = x @ weight.T + bias
+        y = torch.relu(z)
+        x_needs, weight_needs, _ = ctx.needs_input_grad
+        table = {"x": x if weight_needs or not by_needs else None, "weight": weight if x_needs or not by_needs else None,
+                 "mask": z > 0, "bias": bias, "z": z, "output": y}
+        ctx.save_for_backward(*(table[name] for name in save))
+        ctx.names = save
+        return y
+
+    def backward(ctx, grad_output):
+        saved = dict(zip(ctx.names, ctx.saved_tensors))
+        mask = saved["mask"] if "mask" in saved else (saved.get("z", saved.get("output")) > 0)
+        g = grad_output * mask
+        x, weight = saved.get("x"), saved.get("weight")
+        grad_x = g @ weight if ctx.needs_input_grad[0] else None
+        if extra_matmul and grad_x is not None:
+            grad_x = grad_x @ torch.eye(weight.shape[1], dtype=g.dtype, device=g.device)
+        grad_weight = g.T @ x if ctx.needs_input_grad[1] else None
+        grad_bias = g.sum(0) if ctx.needs_input_grad[2] else None
+        if bias_squeezed and grad_bias is not None:
+            grad_bias = grad_bias.squeeze()
+        return grad_x, grad_weight, grad_bias
+
+    return function("LinearReLU", forward, backward)
+
+
+def test_linear_relu_right(capsys):
+    m.check_linear_relu(linear_relu())
+    m.check_linear_relu(LinearReLU, shapes=[(7, 4, 6), (1, 3, 2), (5, 1, 1)], seed=None)
+    out = capsys.readouterr().out
+    assert "✔ LinearReLU saves only what each needed gradient reads, plus a 1-byte mask" in out
+    assert "no matmul recomputed in backward" in out
+
+
+def test_linear_relu_saving_the_bias():
+    message = failure(m.check_linear_relu, linear_relu(save=("x", "weight", "bias", "mask")))
+    assert message.startswith(
+        "LinearReLU saved the input `bias`, float64 of shape (5,), 40 bytes; x (for grad_weight), weight (for grad_x) "
+        "and a bool mask of z > 0 (20 bytes), 236 bytes in all is all backward needs."
+    )
+    assert "backward never reads the bias" in message
+
+
+def test_linear_relu_ignoring_needs_input_grad():
+    message = failure(m.check_linear_relu, linear_relu(by_needs=False))
+    assert message.startswith("LinearReLU saved the input `weight`, float64 of shape (5, 3), 120 bytes; x (for grad_weight)")
+    assert "x requires grad: False, weight requires grad: True, bias requires grad: True" in message
+    assert "save weight only when x needs a gradient" in message
+
+
+def test_linear_relu_saving_z_or_the_output():
+    message = failure(m.check_linear_relu, linear_relu(save=("x", "weight", "z")))
+    assert message.startswith("LinearReLU saved the intermediate z = x @ weight.T + bias, float64 of shape (4, 5), 160 bytes")
+    message = failure(m.check_linear_relu, linear_relu(save=("x", "weight", "output")))
+    assert message.startswith("LinearReLU saved the output, float64 of shape (4, 5), 160 bytes")
+    assert "a residual sum, which saves nothing" in message
+
+
+def test_linear_relu_extra_matmul_in_backward():
+    message = failure(m.check_linear_relu, linear_relu(extra_matmul=True))
+    assert message.startswith("LinearReLU: backward multiplies matrices 3 times where 2 product(s) give the needed gradients")
+
+
+def test_linear_relu_right_only_on_the_visible_shapes():
+    m.check_linear_relu(linear_relu(bias_squeezed=True))  # passes where out > 1
+    message = failure(m.check_linear_relu, linear_relu(bias_squeezed=True), shapes=[(5, 1, 1)], seed=None)
+    assert "the gradient for `bias` has shape () but `bias` has shape (1,)" in message
+
+
+# --- Checkpoint ----------------------------------------------------------------------------
+
+def test_checkpoint_right(capsys):
+    m.check_checkpoint(Checkpoint)
+    m.check_checkpoint(Checkpoint, shapes=[(1, 3), (5, 2)], seed=None)
+    out = capsys.readouterr().out
+    assert "✔ Checkpoint keeps only the tensor inputs of run (128 bytes for sin(x * s) * s) and a generator state" in out
+    assert "backward leaves the caller's random generator alone" in out
+    assert "✔ Checkpoint: forward and backward agree with the reference" in out
+
+
+def _mutant(label: str):
+    answer = next(a for a in answers.MUTANTS if a.label == label)
+    name = {"relu": "ReLU", "linear_relu": "LinearReLU", "manual_checkpoint": "Checkpoint",
+            "save_as_bf16": "save_as_bf16"}[answer.exercise]
+    return defined(answer.exercise, answer.apply(_solutions()[answer.exercise]))[name]
+
+
+@pytest.mark.parametrize("label, expected", [
+    ("does not restore the random generator (preserve_rng_state=False)",
+     "Checkpoint: the gradient for `x` differs from the block's own, with dropout in the block."),
+    ("restores the generator without fork_rng (moves the caller's generator)",
+     "Checkpoint: backward moved the caller's random generator"),
+    ("returns None for the parameters (the guide's CheckpointedSequential)",
+     "Checkpoint: the gradient for `w1` differs from the block's own"),
+    ("saves the output too", "Checkpoint saved the output, float64 of shape (3, 4), 96 bytes; the tensor inputs"),
+    ("keeps forward's graph on ctx instead of recomputing", "Checkpoint: tensor `ctx.inputs[0]` (the input `x`"),
+    ("recomputes from inputs that do not require grad",
+     "Checkpoint: backward raised RuntimeError: element 0 of tensors does not require grad"),
+])
+def test_checkpoint_mutants(label, expected):
+    message = failure(m.check_checkpoint, _mutant(label))
+    assert message.startswith(expected), message
+
+
+def test_checkpoint_messages_name_the_cause():
+    message = failure(m.check_checkpoint, _mutant("does not restore the random generator (preserve_rng_state=False)"))
+    assert "preserve_rng_state=True" in message
+    message = failure(m.check_checkpoint, _mutant("returns None for the parameters (the guide's CheckpointedSequential)"))
+    assert "parameters included" in message
+    message = failure(m.check_checkpoint, _mutant("recomputes from inputs that do not require grad"))
+    assert "torch.enable_grad()" in message
+
+
+def test_checkpoint_that_never_recomputes():
+    def forward(ctx, run, *inputs):
+        with torch.enable_grad():
+            detached = [t.detach().requires_grad_(t.requires_grad) for t in inputs]
+            output = run(*detached)
+        grads = torch.autograd.grad(output, [t for t in detached if t.requires_grad], torch.ones_like(output))
+        ctx.save_for_backward(*inputs)
+        ctx.grads = grads  # a gradient for a grad_output of ones: wrong anyway
+        return output.detach()
+
+    message = failure(m.check_checkpoint, function("Checkpoint", forward, lambda ctx, g: (None, *ctx.grads)))
+    assert "is stashed on ctx" in message
+
+
+# --- save_as_bf16 --------------------------------------------------------------------------
+
+def test_save_as_bf16_right(capsys):
+    m.check_save_as_bf16(save_as_bf16)
+    m.check_save_as_bf16(save_as_bf16, shapes=[(4, 3, 8, 300), (1, 2, 3, 4)], dtype=torch.float64, seed=None)
+    m.check_save_as_bf16(save_as_bf16, shapes=[(5, 4, 6, 7)], scale=1e5, seed=None)
+    out = capsys.readouterr().out
+    assert "✔ save_as_bf16 keeps the activations in 540 bytes instead of 1080" in out
+    assert "(torch.float32, cpu, meta)" in out
+
+
+@pytest.mark.parametrize("label, kwargs, expected", [
+    ("unpack gives back bfloat16", {}, "save_as_bf16: unpack returned bfloat16 for an activation, float32 of shape"),
+    ("compresses the parameters too", {}, "save_as_bf16: pack made a bfloat16 copy of the parameter of shape (16, 5)."),
+    ("compresses every tensor, indices and masks included", {},
+     "save_as_bf16: pack stored the bool mask masked_fill saves, bool of shape (6, 16) (96 bytes) as bfloat16."),
+    ("float16 instead of bfloat16 (overflows above 65504)", {"scale": 1e5},
+     "save_as_bf16: unpack gave back an activation, float32 of shape (6, 5) (120 bytes) with values that differ"),
+    ("compresses float32 only (float64 kept as it is)", {"dtype": torch.float64},
+     "save_as_bf16: pack kept an activation, float64 of shape (6, 5) (240 bytes) as it is; bfloat16 takes 2 bytes"),
+    ("unpack always gives back float32", {"dtype": torch.float64}, "save_as_bf16: unpack returned float32 for an activation"),
+    ("offloads to the CPU and forgets the device", {},
+     "save_as_bf16: pack fails on the meta device: NotImplementedError"),
+    ("compresses nothing", {}, "save_as_bf16: pack kept an activation, float32 of shape (6, 5) (120 bytes) as it is"),
+])
+def test_save_as_bf16_mutants(label, kwargs, expected):
+    message = failure(m.check_save_as_bf16, _mutant(label), **kwargs)
+    assert message.startswith(expected), message
+
+
+def test_save_as_bf16_integers_above_256():
+    def pack(t):  # indices through bfloat16 and back to int64: the values change above 256
+        if t.dtype == torch.int64:
+            return ("int", t.to(torch.bfloat16))
+        return ("as is", t)
+
+    class hooks(torch.autograd.graph.saved_tensors_hooks):
+        def __init__(self):
+            super().__init__(pack, lambda p: p[1].to(torch.int64) if p[0] == "int" else p[1])
+
+    message = failure(m.check_save_as_bf16, hooks, shapes=[(4, 3, 8, 300)])
+    assert "unpack gave back other values for the int64 indices gather saves" in message
+    assert "257 becomes 256" in message
+
+
+def test_save_as_bf16_without_super_init():
+    class hooks(torch.autograd.graph.saved_tensors_hooks):
+        def __init__(self):
+            pass
+
+    message = failure(m.check_save_as_bf16, hooks)
+    assert message.startswith("save_as_bf16() raised AttributeError") and "super().__init__(pack, unpack)" in message
+
+
+def test_save_as_bf16_float8_is_too_coarse():
+    class hooks(torch.autograd.graph.saved_tensors_hooks):
+        def __init__(self):
+            def pack(t):
+                if t.dtype == torch.float32 and not (t.is_leaf and t.requires_grad):
+                    return (t.dtype, t.to(torch.float8_e4m3fn))
+                return (None, t)
+
+            super().__init__(pack, lambda p: p[1] if p[0] is None else p[1].to(p[0]))
+
+    assert "more than bfloat16's rounding" in failure(m.check_save_as_bf16, hooks)
+
+
+# --- Every known answer: the same verdict in the grader, through the wire ------------------
+
+CHECKS = {
+    "relu": ("ReLU", [(m.check_relu, {}), (m.check_relu, {"shapes": [(), (7,), (2, 1, 3)]})]),
+    "linear_relu": ("LinearReLU", [(m.check_linear_relu, {}),
+                                   (m.check_linear_relu, {"shapes": [(7, 4, 6), (1, 3, 2), (5, 1, 1)]})]),
+    "manual_checkpoint": ("Checkpoint", [(m.check_checkpoint, {}), (m.check_checkpoint, {"shapes": [(1, 3), (5, 2)]})]),
+    "save_as_bf16": ("save_as_bf16", [
+        (m.check_save_as_bf16, {}),
+        (m.check_save_as_bf16, {"shapes": [(4, 3, 8, 300), (1, 2, 3, 4)], "dtype": torch.float64}),
+        (m.check_save_as_bf16, {"shapes": [(5, 4, 6, 7)], "scale": 1e5}),
+    ]),
+}
+
+
+def _verdict(exercise: str, student) -> str | None:
+    """The first failure message of the exercise's visible and hidden checks (None: all pass)."""
+    for check, kwargs in CHECKS[exercise][1]:
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                check(student, **kwargs)
+        except CheckFailed as error:
+            return str(error)
+    return None
+
+
+KNOWN = [a for a in answers.MUTANTS + answers.VARIANTS if a.exercise in CHECKS]
+
+
+@pytest.mark.parametrize("answer", KNOWN, ids=[f"{a.exercise}: {a.label}" for a in KNOWN])
+def test_known_answers_get_the_same_verdict_remotely(answer):
+    name = CHECKS[answer.exercise][0]
+    student = defined(answer.exercise, answer.apply(_solutions()[answer.exercise]))[name]
+    local = _verdict(answer.exercise, student)
+    assert (local is None) == (answer in answers.VARIANTS), local
+    assert _verdict(answer.exercise, remote(name, student)) == local
+
+
+@pytest.mark.parametrize("exercise", sorted(CHECKS))
+def test_the_model_solution_passes_the_same_way_remotely(exercise, capsys):
+    name = CHECKS[exercise][0]
+    student = defined(exercise)[name]
+    for check, kwargs in CHECKS[exercise][1]:
+        check(student, **kwargs)
+        local = capsys.readouterr().out
+        check(remote(name, student), **kwargs)
+        assert capsys.readouterr().out == local
+
+
+# --- The answer key of "true or false?" ----------------------------------------------------
+
+def _key() -> dict[str, str]:
+    nb = nbformat.read(authoring.solution_path(SLUG), as_version=4)
+    cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "check_claims_hidden")
+    call = next(n for n in ast.walk(ast.parse(cell.source)) if isinstance(n, ast.Call))
+    return ast.literal_eval(next(k.value for k in call.keywords if k.arg == "key"))
+
+
+def _claim_a() -> bool:  # detach keeps fewer bytes alive than save_for_backward
+    class OnCtx(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, target):
+            ctx.target = target.detach()
+            return (x - target).pow(2).sum()
+
+        @staticmethod
+        def backward(ctx, g):
+            return None, None
+
+    target = torch.randn(100)
+    alive = __import__("weakref").ref(target.untyped_storage())
+    loss = OnCtx.apply(torch.randn(100, requires_grad=True), target)
+    del target
+    return alive() is None and loss is not None
+
+
+def _claim_c() -> bool:  # one segment: the peak of backward is O(1)
+    ws = [torch.randn(32, 32) / 32**0.5 for _ in range(8)]
+    h0 = torch.randn(16, 32, requires_grad=True)
+
+    def chain(h, *ws):
+        for w in ws:
+            h = torch.tanh(h @ w)
+        return h
+
+    peaks = []
+    for segment in (False, True):
+        with memory.PeakMemory() as mem:
+            out = torch.utils.checkpoint.checkpoint(chain, h0, *ws, use_reentrant=False) if segment else chain(h0, *ws)
+            out.sum().backward()
+        peaks.append(mem.peak)
+    return peaks[1] < peaks[0] / 2
+
+
+def _claim_e() -> bool:  # preserve_rng_state=False raises
+    h, w = torch.randn(4, 8), torch.randn(8, 8, requires_grad=True)
+    try:
+        out = torch.utils.checkpoint.checkpoint(lambda h, w: F.dropout(h @ w, 0.5), h, w, use_reentrant=False,
+                                                preserve_rng_state=False)
+        out.sum().backward()
+    except RuntimeError:
+        return True
+    return False
+
+
+def _claim_f() -> bool:  # x @ w with only x requiring grad saves x
+    x, w = torch.randn(2, 3, requires_grad=True), torch.randn(3, 4)
+    with memory.SavedMemory() as saved:
+        x @ w
+    return any(e.shape == (2, 3) for e in saved.entries)
+
+
+def _claim_g() -> bool:  # save_on_cpu without a GPU keeps less
+    x = torch.randn(8, 8, requires_grad=True)
+    with memory.SavedMemory() as plain:
+        torch.tanh(x * 2)
+    with memory.SavedMemory(through=torch.autograd.graph.save_on_cpu()) as moved:
+        torch.tanh(x * 2)
+    return moved.nbytes < plain.nbytes
+
+
+def _claim_h() -> bool:  # a bf16 copy of a parameter adds memory
+    w = torch.randn(8, 8, requires_grad=True)
+    packed = w.to(torch.bfloat16)
+    return packed.untyped_storage().data_ptr() != w.untyped_storage().data_ptr()  # new memory, w stays alive
+
+
+CLAIMS = {
+    "a": _claim_a,
+    "b": lambda: (torch.zeros(10) > 0).numel() * (torch.zeros(10) > 0).element_size() == 10,
+    "c": _claim_c,
+    "d": lambda: True,  # the segment table of section 5, checked in test_checkpoint_segments
+    "e": _claim_e,
+    "f": _claim_f,
+    "g": _claim_g,
+    "h": _claim_h,
+}
+
+
+@pytest.mark.parametrize("question", sorted(CLAIMS))
+def test_the_answer_key_is_what_torch_does(question):
+    assert _key()[question] == ("true" if CLAIMS[question]() else "false")
+
+
+def test_checkpoint_segments():
+    """Claim d: with √n segments of √n layers, O(√n) activations after forward and at the peak."""
+    n, unit_shape = 16, (8, 32)
+    ws = [torch.randn(32, 32) / 32**0.5 for _ in range(n)]
+    h0 = torch.randn(*unit_shape, requires_grad=True)
+    unit = 8 * 32 * 4
+
+    def chain(h, *ws):
+        for w in ws:
+            h = torch.tanh(h @ w)
+        return h
+
+    with memory.PeakMemory() as mem:
+        h = h0
+        for i in range(0, n, 4):
+            h = torch.utils.checkpoint.checkpoint(chain, h, *ws[i:i + 4], use_reentrant=False)
+        kept = mem.now
+        h.sum().backward()
+    assert kept == 4 * unit and mem.peak <= 2 * 4 * unit + 2 * unit
