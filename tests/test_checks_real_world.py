@@ -144,8 +144,8 @@ def test_swish_right(capsys):
 def test_swish_the_guides_version_saves_an_intermediate():
     guide = notebook((
         "        ctx.save_for_backward(x, beta)\n        return x * torch.sigmoid(beta * x)",
-        "        ctx.save_for_backward(x, beta)\n        s = torch.sigmoid(beta * x)\n"
-        "        ctx.save_for_backward(x, beta, s)\n        return x * s",
+        ("        ctx.save_for_backward(x, beta)\n        s = torch.sigmoid(beta * x)\n"
+        "        ctx.save_for_backward(x, beta, s)\n        return x * s"),
     ))
     message = fails(rw.check_swish, guide["Swish"])
     assert message.startswith("Swish saved the intermediate σ(βx) of shape (4, 3), 96 bytes")
@@ -175,8 +175,8 @@ def test_swish_overflow_at_large_beta_x():
 
 def test_swish_tensor_made_on_the_cpu_shows_on_the_meta_device():
     cpu = notebook(("grad_beta = (grad_output * x * x * s * (1 - s)).sum_to_size(beta.shape)",
-                    "grad_beta = torch.zeros(beta.shape, dtype=beta.dtype)\n"
-                    "        grad_beta += (grad_output * x * x * s * (1 - s)).sum_to_size(beta.shape)"))
+                    ("grad_beta = torch.zeros(beta.shape, dtype=beta.dtype)\n"
+                    "        grad_beta += (grad_output * x * x * s * (1 - s)).sum_to_size(beta.shape)")))
     message = fails(rw.check_swish, cpu["Swish"])
     assert message.startswith("on another device (meta) backward mixes devices") and "device=" in message
 
@@ -292,7 +292,7 @@ def test_fixed_point_right(capsys):
 
 
 def test_fixed_point_inputs_contract():
-    (x, w), = rw._fixed_point_cases([((2, 5), 5)])(torch.Generator().manual_seed(1))
+    ((_, w),) = rw._fixed_point_cases([((2, 5), 5)])(torch.Generator().manual_seed(1))
     assert torch.linalg.matrix_norm(w, 2).item() == pytest.approx(rw.RHO)
     assert not torch.allclose(w, w.T)  # a transposed W in backward must show
 
@@ -318,11 +318,11 @@ def test_fixed_point_unconverged_forward():
 def test_fixed_point_autograd_in_backward():
     autograd = notebook((
         "        z, W = ctx.saved_tensors\n        s = 1 - z * z\n",
-        "        z, W = ctx.saved_tensors\n"
+        ("        z, W = ctx.saved_tensors\n"
         "        with torch.enable_grad():\n"
         "            z_ = z.detach().requires_grad_()\n"
         "            torch.autograd.grad((z_ * z_).sum(), z_)\n"
-        "        s = 1 - z * z\n",
+        "        s = 1 - z * z\n"),
     ))
     assert "backward calls torch.autograd.grad" in fails(rw.check_fixed_point, autograd["TanhFixedPoint"])
 
@@ -343,6 +343,15 @@ def test_classifier_right_with_the_course_stand_ins(capsys):
     assert "target ≤ 0.15" in out
     assert "trained with the course's LogSumExp and Swish in place of yours" in out
     assert RIGHT["Swish"].__name__ == "Swish" and RIGHT["LogSumExp"].__name__ == "LogSumExp"  # put back
+
+
+def test_classifier_is_graded_without_the_notebooks_own_functions(capsys):
+    namespace = notebook()
+    del namespace["Swish"], namespace["LogSumExp"]  # exercises 9.1 and 9.2 left out
+    rw.check_classifier(namespace["SwishClassifier"])
+    out = capsys.readouterr().out
+    assert "✔ SwishClassifier: trained by the check" in out and "in place of yours" not in out
+    assert "Swish" not in namespace and "LogSumExp" not in namespace
 
 
 def test_classifier_is_graded_independently_of_a_broken_swish(capsys):

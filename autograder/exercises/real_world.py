@@ -111,8 +111,8 @@ def _swish_hint(args: tuple, i: int, wrong: torch.Tensor) -> str:
             "the dims beta was broadcast along: `(grad_output * x * x * s * (1 - s)).sum_to_size(beta.shape)`."
         )
     if bool((z[where].abs() > 30).any()):
-        formula += (" Here |βx| reaches {:.0f}: exp(±βx) overflows to inf there (inf / inf = nan), so compute "
-                    "σ with torch.sigmoid and its derivative as s·(1 − s).").format(float(z.abs().max()))
+        formula += (f" Here |βx| reaches {float(z.abs().max()):.0f}: exp(±βx) overflows to inf there "
+                    "(inf / inf = nan), so compute σ with torch.sigmoid and its derivative as s·(1 − s).")
     if bool((x.expand(x.shape)[where] == 0).any()):
         formula += " x is exactly 0 at some entries: a formula that divides by x gives nan there."
     return formula
@@ -609,7 +609,7 @@ def _loss_cause(loss0: float, expected: float, logits0: torch.Tensor, y: torch.T
     candidates = {
         "the loss is summed over the batch: average it (`.mean()`).": expected * n,
         "the log-sum-exp runs over the batch (dim 0): it must run over the classes, dim 1.":
-            float((torch.logsumexp(logits0, 0).mean() - logits0.gather(1, y[:, None]).mean())),
+            float(torch.logsumexp(logits0, 0).mean() - logits0.gather(1, y[:, None]).mean()),
         "the sign is flipped: cross-entropy is LogSumExp(logits) − logits[y], not the reverse.": -expected,
         "the logit of the right class is missing: subtract `logits.gather(1, y[:, None])`.":
             float(torch.logsumexp(logits0, 1).mean()),

@@ -93,16 +93,20 @@ def _namespace(model_class: Any) -> dict:
 
 @contextlib.contextmanager
 def standing_in(model_class: Any) -> Iterator[list[str]]:
-    """While the block runs, the notebook's `Swish` and `LogSumExp` (those it defines) are
-    the stand-ins; yields the names replaced."""
+    """While the block runs, the notebook's `Swish` and `LogSumExp` are the stand-ins (also
+    where the notebook does not define them); yields the names of the student's own that
+    were replaced."""
     namespace = _namespace(model_class)
-    own = {name: namespace[name] for name in STAND_INS if namespace.get(name) is not None}
-    stand_ins = {"Swish": SwishStandIn, "LogSumExp": LogSumExpStandIn}
-    namespace.update({name: stand_ins[name] for name in own})
+    own = {name: namespace[name] for name in STAND_INS if name in namespace}
+    namespace.update({"Swish": SwishStandIn, "LogSumExp": LogSumExpStandIn})
     try:
-        yield sorted(own)
+        yield sorted(name for name, value in own.items() if value is not None)
     finally:
-        namespace.update(own)
+        for name in STAND_INS:
+            if name in own:
+                namespace[name] = own[name]
+            else:
+                namespace.pop(name, None)
 
 
 @probe.procedure

@@ -29,13 +29,13 @@ class Swish(torch.autograd.Function):
     wrong("swish", "β's gradient summed over dim 0 only", (".sum_to_size(beta.shape)", ".sum(0)")),
     wrong("swish", "right only for the visible shapes of β", (
         "grad_beta = (grad_output * x * x * s * (1 - s)).sum_to_size(beta.shape)",
-        "local = grad_output * x * x * s * (1 - s)\n"
+        ("local = grad_output * x * x * s * (1 - s)\n"
         "            if beta.dim() == 0:\n"
         "                grad_beta = local.sum()\n"
         "            elif beta.dim() == 1:\n"
         "                grad_beta = local.sum(0)\n"
         "            else:\n"
-        "                grad_beta = local.sum((0, 2, 3), keepdim=True)[0]",
+        "                grad_beta = local.sum((0, 2, 3), keepdim=True)[0]"),
     )),
     wrong("swish", "σ'(z) as exp(-z) / (1 + exp(-z))² (nan at βx = -1000)", source='''
 class Swish(torch.autograd.Function):
@@ -74,8 +74,8 @@ class Swish(torch.autograd.Function):
                                                  "return (x * torch.sigmoid(beta * x)).float()")),
     wrong("swish", "β's gradient accumulated into a tensor made on the CPU", (
         "grad_beta = (grad_output * x * x * s * (1 - s)).sum_to_size(beta.shape)",
-        "grad_beta = torch.zeros(beta.shape, dtype=beta.dtype)\n"
-        "            grad_beta += (grad_output * x * x * s * (1 - s)).sum_to_size(beta.shape)",
+        ("grad_beta = torch.zeros(beta.shape, dtype=beta.dtype)\n"
+        "            grad_beta += (grad_output * x * x * s * (1 - s)).sum_to_size(beta.shape)"),
     )),
     wrong("swish", "forgets the chain rule through βx in dy/dx",
           ("grad_x = grad_output * (s + beta * x * s * (1 - s))", "grad_x = grad_output * (s + x * s * (1 - s))")),
@@ -136,12 +136,12 @@ class LogSumExp(torch.autograd.Function):
           ("return -ctx.alpha * grad_output, None", "return -ctx.alpha * grad_output.detach(), None")),
     # TanhFixedPoint
     wrong("fixed_point", "one step of the adjoint only: s * grad_output", (
-        "for _ in range(500):  # the adjoint system w = s * (g + w W), by iteration\n"
+        ("for _ in range(500):  # the adjoint system w = s * (g + w W), by iteration\n"
         "            w_next = s * (grad_output + w @ W)\n"
         "            change = (w_next - w).abs().max()\n"
         "            w = w_next\n"
         "            if change <= 1e-12:\n"
-        "                break\n        ", "",
+        "                break\n        "), "",
     )),
     wrong("fixed_point", "adjoint with W.T instead of W",
           ("w_next = s * (grad_output + w @ W)", "w_next = s * (grad_output + w @ W.T)")),
