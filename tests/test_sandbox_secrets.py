@@ -1,0 +1,141 @@
+"""Nothing secret is visible where student code runs while grading.
+
+A submission searches every file it can see from inside the sandbox (bubblewrap,
+Landlock, its own user), binary files included, for the distinctive lines of every
+hidden test (quiz keys among them), every model solution, and the checks' own code
+(references, judges). It finds none.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from autograder import authoring
+from autograder.isolation import sandbox
+from engine_course import grade, notebook, solutions, submit_notebook, with_answers
+from grading import Course
+
+pytestmark = pytest.mark.slow
+SLUG = "03_function_basics"
+PACKAGE = Path(sandbox.__file__).resolve().parents[1]
+SHORTEST = 20  # characters: shorter lines are too common to mean anything
+
+
+def _released_text() -> str:
+    return "\n".join(
+        cell.source for path in sorted((authoring.ROOT / "course").glob("*/*.ipynb"))
+        for cell in nbformat.read(path, as_version=4).cells
+    )
+
+
+def _between(source: str, begin: str, end: str) -> list[str]:
+    found, inside = [], False
+    for line in source.splitlines():
+        if begin in line:
+            inside = True
+        elif end in line:
+            inside = False
+        elif inside:
+            found.append(line.strip())
+    return found
+
+
+def _distinctive() -> set[str]:
+    """Lines only the instructor's material has: hidden tests and solutions (not in the
+    released notebooks), and the code of the checks (not in the student side)."""
+    released = _released_text()
+    found = set()
+    for slug in authoring.assignments():
+        for cell in nbformat.read(authoring.solution_path(slug), as_version=4).cells:
+            found.update(_between(cell.source, "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"))
+            found.update(_between(cell.source, "### BEGIN SOLUTION", "### END SOLUTION"))
+    visible = "\n".join(p.read_text() for name in sandbox.VISIBLE for p in (PACKAGE / name).rglob("*.py")
+                        if (PACKAGE / name).is_dir()) + (PACKAGE / "__init__.py").read_text()
+    for path in sandbox.hidden_paths():
+        for module in [Path(path)] if path.endswith(".py") else Path(path).rglob("*.py"):
+            found.update(line.strip() for line in module.read_text().splitlines()
+                         if not line.strip().startswith(("#", "from ", "import ")))
+    return {line for line in found if len(line) >= SHORTEST and line not in released and line not in visible}
+
+
+# Searches the files under `roots` (minus `pruned`) for the lines in patterns.txt, binary
+# files too where they are small (.pyc, databases); prints the files that have any. Run
+# inside the sandbox by a submission, and here, over what this machine has anyway.
+SEARCH = """
+import os, subprocess
+files = set()
+for root in roots:
+    command = ["find", root, "("]
+    for path in pruned:
+        command += ["-path", path, "-o"]
+    found = subprocess.run([*command[:-1], ")", "-prune", "-o", "-type", "f", "-print0"], capture_output=True)
+    files.update(p for p in found.stdout.split(bytes(1)) if p)
+sizes = {}
+for path in files:
+    try:
+        sizes[path] = os.path.getsize(path)
+    except OSError:
+        pass
+for option, chosen in (("-a", [p for p, n in sizes.items() if n < 4 << 20]), ("-I", [p for p, n in sizes.items() if n >= 4 << 20])):
+    with open("files.txt", "wb") as listed:
+        listed.write(bytes(1).join(sorted(chosen)))
+    done = subprocess.run(["bash", "-c", "xargs -0 -r grep -lF " + option + " -f patterns.txt < files.txt"], capture_output=True, text=True)
+    for path in done.stdout.splitlines():
+        print("LEAK", path)
+print("SEEN", len(files))
+"""
+# Debian's own files: nothing of a course is ever there (Python's own directories, even
+# under /usr, are searched from sys.path).
+SYSTEM = ["/usr/bin", "/usr/sbin", "/usr/lib", "/usr/libexec", "/usr/share", "/usr/include", "/usr/src"]
+# What the submission adds: the patterns, and every place it can think of to look.
+SUBMISSION = """
+SYSTEM = {system!r}
+import os, sys
+import autograder
+with open("patterns.txt", "w") as f:
+    f.write({patterns!r})
+# Landlock lets a process read only what it allows: `find /` sees nothing beneath a
+# directory it may not list, so start also from every place this process knows of.
+package = os.path.dirname(autograder.__file__)
+roots = sorted({{os.path.realpath(p) for p in ["/", "/usr", "/etc", "/tmp", "/var", "/opt", "/home", "/root", "/work",
+                sys.prefix, sys.base_prefix, *sys.path, package, os.path.dirname(package)] if p and os.path.exists(p)}})
+pruned = ["/proc", "/sys", "/dev", os.getcwd(), *SYSTEM]
+exec({search!r})
+"""
+
+
+def _public(patterns: set[str], tmp_path: Path) -> set[str]:
+    """Those of `patterns` that this machine has anyway, outside the course and this package
+    (torch's own code, the system's): searched as the submission searches."""
+    (tmp_path / "patterns.txt").write_text("\n".join(sorted(patterns)))
+    roots = sorted({str(Path(r).resolve()) for r in ["/etc", "/usr/local", sys.prefix, sys.base_prefix, *sys.path]
+                    if r and Path(r).is_dir()})
+    pruned = [str(PACKAGE), str(authoring.ROOT / "solutions"), str(tmp_path)]
+    done = subprocess.run([sys.executable, "-c", f"roots, pruned = {roots!r}, {pruned!r}\n" + SEARCH],
+                          capture_output=True, text=True, cwd=tmp_path)
+    texts = [Path(line.removeprefix("LEAK ")).read_bytes().decode("utf-8", "replace")
+             for line in done.stdout.splitlines() if line.startswith("LEAK ")]
+    return {p for p in patterns if any(p in text for text in texts)}
+
+
+def test_no_hidden_test_solution_key_or_reference_is_visible_in_the_sandbox(tmp_path):
+    patterns = _distinctive()
+    patterns -= _public(patterns, tmp_path)
+    assert len(patterns) > 200  # every notebook's hidden tests and solutions, and the checks
+    (tmp_path / "course").mkdir()
+    course = Course(tmp_path / "course", [SLUG])
+    model = solutions(SLUG)
+    search = SUBMISSION.format(patterns="\n".join(sorted(patterns)), search=SEARCH, system=SYSTEM)
+    submit_notebook(course, "searcher", SLUG, with_answers(course, SLUG, {**model, "clipped_relu": model["clipped_relu"] + "\n" + search}))
+    result = grade(course, SLUG, "--timeout", "300")
+    assert result.returncode == 0, result.stderr
+    printed = "".join(o.get("text", "") for cell in notebook(course, "autograded", "searcher", SLUG).cells
+                      if cell.metadata.get("nbgrader", {}).get("grade_id") == "clipped_relu" for o in cell.outputs)
+    leaks = [line for line in printed.splitlines() if line.startswith("LEAK ")]
+    assert not leaks, printed
+    seen = int(printed.split("SEEN ")[1].split()[0])
+    assert seen > 10_000, printed  # the search did look at the system and the Python installation
