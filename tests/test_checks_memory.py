@@ -52,7 +52,7 @@ def defined(answer_id: str, source: str | None = None) -> dict:
     return namespace
 
 
-ReLU = defined("relu")["ReLU"]
+LeakyReLU = defined("leaky_relu")["LeakyReLU"]
 LinearReLU = defined("linear_relu")["LinearReLU"]
 Checkpoint = defined("manual_checkpoint")["Checkpoint"]
 save_as_bf16 = defined("save_as_bf16")["save_as_bf16"]
@@ -97,77 +97,83 @@ def test_human():
     assert memory.human(1536) == "1.5 KiB" and memory.human(12) == "12 bytes"
 
 
-# --- ReLU ----------------------------------------------------------------------------------
+# --- LeakyReLU -----------------------------------------------------------------------------
 
-def relu(save="mask", stash=False, backward_in_place=False):
-    def forward(ctx, x):
-        mask = x > 0
-        saved = {"mask": mask, "input": x, "float mask": mask.to(x.dtype), "output": None}[save]
-        y = x.clamp(min=0)
-        if save == "output":
-            saved = y
+def leaky(save="mask", stash=False, backward_in_place=False):
+    def forward(ctx, x, slope):
+        positive = x > 0
+        y = torch.where(positive, x, x * slope)
+        saved = {"mask": positive, "input": x, "float mask": positive.to(x.dtype), "output": y}[save]
         if stash:
-            ctx.mask = saved
+            ctx.saved = saved
         else:
             ctx.save_for_backward(saved)
+        ctx.slope = slope
         return y
 
     def backward(ctx, grad_output):
-        (saved,) = (ctx.mask,) if stash else ctx.saved_tensors
-        mask = saved > 0
+        (saved,) = (ctx.saved,) if stash else ctx.saved_tensors
+        positive = saved > 0
         if backward_in_place:
-            grad_output[~mask] = 0
-            return grad_output
-        return grad_output * mask
+            grad_output[~positive] *= ctx.slope
+            return grad_output, None
+        return torch.where(positive, grad_output, grad_output * ctx.slope), None
 
-    return function("ReLU", forward, backward)
+    return function("LeakyReLU", forward, backward)
 
 
-def test_relu_right(capsys):
-    m.check_relu(relu())
-    m.check_relu(ReLU, shapes=[(), (7,), (2, 1, 3)], seed=None)
+def test_leaky_relu_right(capsys):
+    m.check_leaky_relu(leaky())
+    m.check_leaky_relu(LeakyReLU, shapes=[(), (7,), (2, 1, 3)], slopes=[0.5, 0.01, 0.3], seed=None)
     out = capsys.readouterr().out
-    assert "✔ ReLU saves 5 bytes for x of shape (5,) (float64: 40 bytes), within its budget" in out
-    assert "✔ ReLU: forward and backward agree with the reference" in out
+    assert "✔ LeakyReLU saves 5 bytes for x of shape (5,) (float64: 40 bytes), within its budget" in out
+    assert "✔ LeakyReLU: forward and backward agree with the reference" in out
 
 
-def test_relu_saving_the_input():
-    message = failure(m.check_relu, relu(save="input"))
+def test_leaky_relu_saving_the_input():
+    message = failure(m.check_leaky_relu, leaky(save="input"))
     assert message.startswith(
-        "ReLU saved the input `x`, float64 of shape (2, 3), 48 bytes; a bool mask of x > 0 (6 bytes) is all backward needs."
+        "LeakyReLU saved the input `x`, float64 of shape (2, 3), 48 bytes; a bool mask of x > 0 (6 bytes) "
+        "is all backward needs."
     )
-    assert "a torch.bool mask takes 1 byte per element" in message
+    assert "A torch.bool mask takes 1 byte per element" in message
 
 
-def test_relu_saving_the_output():
-    message = failure(m.check_relu, relu(save="output"))
-    assert message.startswith("ReLU saved the output, float64 of shape (2, 3), 48 bytes;")
+def test_leaky_relu_saving_the_output():
+    message = failure(m.check_leaky_relu, leaky(save="output"))
+    assert message.startswith("LeakyReLU saved the output, float64 of shape (2, 3), 48 bytes;")
     assert "here nothing does" in message
 
 
-def test_relu_saving_a_float_mask():
-    message = failure(m.check_relu, relu(save="float mask"))
-    assert message.startswith("ReLU saved the intermediate (x > 0) as a float, float64 of shape (2, 3), 48 bytes")
+def test_leaky_relu_saving_a_float_mask():
+    message = failure(m.check_leaky_relu, leaky(save="float mask"))
+    assert message.startswith("LeakyReLU saved the intermediate (x > 0) as a float, float64 of shape (2, 3), 48 bytes")
     assert "keep it as the torch.bool tensor x > 0" in message
 
 
-def test_relu_stashing_the_mask():
-    message = failure(m.check_relu, relu(stash=True))
-    assert message.startswith("ReLU: tensor `ctx.mask` (an intermediate of shape (2, 3), 6 bytes) is stashed on ctx.")
+def test_leaky_relu_stashing_the_mask():
+    message = failure(m.check_leaky_relu, leaky(stash=True))
+    assert message.startswith("LeakyReLU: tensor `ctx.saved` (an intermediate of shape (2, 3), 6 bytes) is stashed on ctx.")
     assert "Stashing saves no memory" in message
 
 
-def test_relu_zeroing_grad_output_in_place():
-    assert failure(m.check_relu, relu(backward_in_place=True)).startswith("ReLU: backward modified grad_output in place.")
+def test_leaky_relu_scaling_grad_output_in_place():
+    message = failure(m.check_leaky_relu, leaky(backward_in_place=True))
+    assert message.startswith("LeakyReLU: backward modified grad_output in place.")
 
 
-def test_relu_two_masks_exceed_the_budget():
-    def forward(ctx, x):
+def test_leaky_relu_two_masks_exceed_the_budget():
+    def forward(ctx, x, slope):
         ctx.save_for_backward(x > 0, x > 0)
-        return x.clamp(min=0)
+        ctx.slope = slope
+        return torch.where(x > 0, x, x * slope)
 
-    message = failure(m.check_relu, function("ReLU", forward, lambda ctx, g: g * ctx.saved_tensors[0]))
-    assert message.startswith("ReLU saves 12 bytes, more than its budget of 6; a bool mask of x > 0 (6 bytes)")
+    def backward(ctx, g):
+        positive = ctx.saved_tensors[0]
+        return torch.where(positive, g, g * ctx.slope), None
+
+    message = failure(m.check_leaky_relu, function("LeakyReLU", forward, backward))
+    assert message.startswith("LeakyReLU saves 12 bytes, more than its budget of 6; a bool mask of x > 0 (6 bytes)")
 
 
 # --- LinearReLU ----------------------------------------------------------------------------
@@ -256,7 +262,7 @@ def test_checkpoint_right(capsys):
 
 def _mutant(label: str):
     answer = next(a for a in answers.MUTANTS if a.label == label)
-    name = {"relu": "ReLU", "linear_relu": "LinearReLU", "manual_checkpoint": "Checkpoint",
+    name = {"leaky_relu": "LeakyReLU", "linear_relu": "LinearReLU", "manual_checkpoint": "Checkpoint",
             "save_as_bf16": "save_as_bf16"}[answer.exercise]
     return defined(answer.exercise, answer.apply(_solutions()[answer.exercise]))[name]
 
@@ -371,7 +377,8 @@ def test_save_as_bf16_float8_is_too_coarse():
 # --- Every known answer: the same verdict in the grader, through the wire ------------------
 
 CHECKS = {
-    "relu": ("ReLU", [(m.check_relu, {}), (m.check_relu, {"shapes": [(), (7,), (2, 1, 3)]})]),
+    "leaky_relu": ("LeakyReLU", [(m.check_leaky_relu, {}),
+                                 (m.check_leaky_relu, {"shapes": [(), (7,), (2, 1, 3)], "slopes": [0.5, 0.01, 0.3]})]),
     "linear_relu": ("LinearReLU", [(m.check_linear_relu, {}),
                                    (m.check_linear_relu, {"shapes": [(7, 4, 6), (1, 3, 2), (5, 1, 1)]})]),
     "manual_checkpoint": ("Checkpoint", [(m.check_checkpoint, {}), (m.check_checkpoint, {"shapes": [(1, 3), (5, 2)]})]),

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 
 from ..checks import explain, inputs
 from ..checks.functions import FunctionSpec, check_function
@@ -117,60 +118,64 @@ def _one_byte(s: Saved) -> bool:
     return s.tensor.element_size() == 1 and not s.tensor.is_floating_point()
 
 
-# --- Exercise: ReLU saving a bool mask -----------------------------------------------------
+# --- Exercise: a leaky ReLU saving a bool mask -------------------------------------------
 
-def _relu_unneeded(s: Saved, recording: Recording, needs: Needs) -> str | None:
+def _leaky_unneeded(s: Saved, recording: Recording, needs: Needs) -> str | None:
     x = recording.args[0]
     if s.kind == "input":
         return (
-            f"relu'(x) is 1 where x > 0 and 0 elsewhere, so backward needs to know where x > 0, not the values "
-            f"of x ({x.element_size()} bytes each); a torch.bool mask takes 1 byte per element."
+            f"the derivative is 1 where x > 0 and negative_slope elsewhere, so backward needs to know where "
+            f"x > 0, not the values of x ({x.element_size()} bytes each; F.leaky_relu saves them, which is what "
+            "this exercise improves on). A torch.bool mask takes 1 byte per element."
         )
     if s.kind == "output":
         return (
-            "relu(x) is positive exactly where x is: a torch.bool mask says the same in 1 byte per element "
+            "the output is positive exactly where x is: a torch.bool mask says the same in 1 byte per element "
             f"instead of {x.element_size()}. (Saving the output costs nothing only while something else keeps "
             "it alive anyway, and here nothing does.)"
         )
     if not _one_byte(s):
         return (
             f"a mask stored as {_dtype(s.tensor)} takes {s.tensor.element_size()} bytes per element: keep it "
-            "as the torch.bool tensor x > 0 (1 byte per element) and convert it in backward if you need to."
+            "as the torch.bool tensor x > 0 (1 byte per element), and keep the slope, a number, on ctx."
         )
     return None
 
 
-RELU_BUDGET = Budget(
-    name="ReLU",
+LEAKY_BUDGET = Budget(
+    name="LeakyReLU",
     needed=lambda r, needs: f"a bool mask of x > 0 ({r.args[0].numel()} bytes)",
     limit=lambda r, needs: r.args[0].numel(),
-    unneeded=_relu_unneeded,
+    unneeded=_leaky_unneeded,
     names=Names(known={
-        "(x > 0) as a float": lambda x: (x > 0).to(x.dtype),
-        "relu(x), but not the tensor forward returns,": torch.relu,
-        "x.clone()": lambda x: x,
+        "(x > 0) as a float": lambda x, s: (x > 0).to(x.dtype),
+        "the derivative (1 or negative_slope)": lambda x, s: torch.where(x > 0, 1.0, s).to(x.dtype),
+        "leaky_relu(x) (a copy, not the tensor forward returns)": F.leaky_relu,
+        "x.clone()": lambda x, s: x,
     }),
 )
 
 
-def _relu_cases(shapes: Sequence[Sequence[int]]) -> Callable[[torch.Generator], list[tuple]]:
-    return lambda generator: [(inputs.uniform(s, generator, kinks=(0.0,)),) for s in shapes]
+def _leaky_cases(shapes: Sequence[Sequence[int]], slopes: Sequence[float]) -> Callable[[torch.Generator], list[tuple]]:
+    return lambda generator: [(inputs.uniform(shape, generator, kinks=(0.0,)), float(slope))
+                              for shape, slope in zip(shapes, slopes)]
 
 
-RELU = FunctionSpec(name="ReLU", reference=torch.relu, cases=_relu_cases([(2, 3), (5,)]))
+LEAKY_RELU = FunctionSpec(name="LeakyReLU", reference=F.leaky_relu, cases=_leaky_cases([(2, 3), (5,)], [0.1, 0.2]))
 
 
-def check_relu(student: Any, *, shapes: Sequence[Sequence[int]] = ((2, 3), (5,)), seed: int | None = 0) -> None:
-    """ReLU(x), saving at most one byte per element of x: a bool mask."""
+def check_leaky_relu(student: Any, *, shapes: Sequence[Sequence[int]] = ((2, 3), (5,)),
+                     slopes: Sequence[float] = (0.1, 0.2), seed: int | None = 0) -> None:
+    """LeakyReLU(x, negative_slope), saving at most one byte per element of x: a bool mask."""
     __tracebackhide__ = True
-    cases = _relu_cases(shapes)
+    cases = _leaky_cases(shapes, slopes)
     for device in devices.available():
         for args in cases(_generator(seed)):
-            recording = judge_budget(student, RELU_BUDGET, _prepare(args, device, [True]))
+            recording = judge_budget(student, LEAKY_BUDGET, _prepare(args, device, [True, False]))
     x = recording.args[0]
-    passed(f"ReLU saves {recording.nbytes} bytes for x of shape {tuple(x.shape)} ({_dtype(x)}: {memory.nbytes(x)} "
-           "bytes), within its budget of one byte per element; nothing on ctx.")
-    check_function(student, replace(RELU, cases=cases), seed=seed)
+    passed(f"LeakyReLU saves {recording.nbytes} bytes for x of shape {tuple(x.shape)} ({_dtype(x)}: "
+           f"{memory.nbytes(x)} bytes), within its budget of one byte per element; nothing on ctx.")
+    check_function(student, replace(LEAKY_RELU, cases=cases), seed=seed)
 
 
 # --- Exercise: a fused Linear + ReLU -------------------------------------------------------
@@ -259,7 +264,7 @@ LINEAR_RELU_BUDGET = Budget(
     names=Names(args=LINEAR_NAMES, known={
         "z = x @ weight.T + bias": lambda x, w, b: x @ w.T + b,
         "(z > 0) as a float": lambda x, w, b: (x @ w.T + b > 0).to(x.dtype),
-        "relu(z), but not the tensor forward returns,": _linear_relu,
+        "relu(z) (a copy, not the tensor forward returns)": _linear_relu,
         "x @ weight.T": lambda x, w, b: x @ w.T,
     }),
 )

@@ -2,20 +2,27 @@
 from . import right, wrong
 
 MUTANTS = [
-    # ReLU saving a mask
-    wrong("relu", "saves the float input x instead of a mask",
-          ("ctx.save_for_backward(mask)", "ctx.save_for_backward(x)"),
-          ("(mask,) = ctx.saved_tensors", "(x,) = ctx.saved_tensors\n        mask = x > 0")),
-    wrong("relu", "saves the output (nothing else keeps it alive)",
-          ("        mask = x > 0\n        ctx.save_for_backward(mask)\n        return x.clamp(min=0)",
-           "        y = x.clamp(min=0)\n        ctx.save_for_backward(y)\n        return y"),
-          ("(mask,) = ctx.saved_tensors", "(y,) = ctx.saved_tensors\n        mask = y > 0")),
-    wrong("relu", "stashes the mask on ctx (the guide's UltraSelective)",
-          ("ctx.save_for_backward(mask)", "ctx.mask = mask"), ("(mask,) = ctx.saved_tensors", "mask = ctx.mask")),
-    wrong("relu", "keeps the mask as a float tensor",
-          ("mask = x > 0", "mask = (x > 0).to(x.dtype)")),
-    wrong("relu", "zeroes grad_output in place (the guide's CustomReLU without its clone)",
-          ("return grad_output * mask", "grad_output[~mask] = 0\n        return grad_output")),
+    # LeakyReLU saving a mask
+    wrong("leaky_relu", "saves the float input x instead of a mask (as F.leaky_relu does)",
+          ("ctx.save_for_backward(positive)", "ctx.save_for_backward(x)"),
+          ("(positive,) = ctx.saved_tensors", "(x,) = ctx.saved_tensors\n        positive = x > 0")),
+    wrong("leaky_relu", "saves the output (nothing else keeps it alive)",
+          ("        ctx.save_for_backward(positive)\n", ""),
+          ("return torch.where(positive, x, x * negative_slope)",
+           "y = torch.where(positive, x, x * negative_slope)\n        ctx.save_for_backward(y)\n        return y"),
+          ("(positive,) = ctx.saved_tensors", "(y,) = ctx.saved_tensors\n        positive = y > 0")),
+    wrong("leaky_relu", "stashes the mask on ctx (the guide's UltraSelective)",
+          ("ctx.save_for_backward(positive)", "ctx.positive = positive"),
+          ("(positive,) = ctx.saved_tensors", "positive = ctx.positive")),
+    wrong("leaky_relu", "saves the derivative as a float tensor",
+          ("ctx.save_for_backward(positive)", "ctx.save_for_backward(torch.where(positive, 1.0, negative_slope).to(x.dtype))"),
+          ("(positive,) = ctx.saved_tensors\n        return torch.where(positive, grad_output, grad_output * ctx.negative_slope), None",
+           "(slope,) = ctx.saved_tensors\n        return grad_output * slope, None")),
+    wrong("leaky_relu", "scales grad_output in place (the guide's CustomReLU without its clone)",
+          ("return torch.where(positive, grad_output, grad_output * ctx.negative_slope), None",
+           "grad_output[~positive] *= ctx.negative_slope\n        return grad_output, None")),
+    wrong("leaky_relu", "no None for negative_slope (one gradient for two inputs)",
+          ("grad_output * ctx.negative_slope), None", "grad_output * ctx.negative_slope)")),
     # LinearReLU
     wrong("linear_relu", "saves x, weight and bias whatever needs a gradient (the guide's FusedLinearReLU)",
           ("ctx.save_for_backward(x if weight_needs else None, weight if x_needs else None, mask)",
@@ -110,24 +117,24 @@ class Checkpoint(torch.autograd.Function):
 ]
 
 VARIANTS = [
-    right("relu", "one bit per element: the mask packed into uint8", source='''
-class ReLU(torch.autograd.Function):
+    right("leaky_relu", "one bit per element: the mask packed into uint8", source='''
+class LeakyReLU(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, negative_slope):
         bits = (x > 0).flatten()
         bits = torch.cat([bits, bits.new_zeros((-bits.numel()) % 8)]).view(-1, 8).to(torch.uint8)
         weights = 2 ** torch.arange(8, dtype=torch.uint8, device=x.device)
         ctx.save_for_backward((bits * weights).sum(1, dtype=torch.uint8))
-        ctx.shape = x.shape
-        return torch.relu(x)
+        ctx.shape, ctx.slope = x.shape, negative_slope
+        return torch.nn.functional.leaky_relu(x, negative_slope)
 
     @staticmethod
     def backward(ctx, grad_output):
         (packed,) = ctx.saved_tensors
         shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
         bits = (packed.unsqueeze(1) >> shifts) & 1
-        mask = bits.flatten()[: grad_output.numel()].view(ctx.shape).bool()
-        return torch.where(mask, grad_output, 0.0)
+        positive = bits.flatten()[: grad_output.numel()].view(ctx.shape).bool()
+        return grad_output * (positive + ~positive * ctx.slope), None
 '''),
     right("linear_relu", "F.linear, a uint8 mask from the output, Nones skipped in save_for_backward", source='''
 import torch.nn.functional as F
