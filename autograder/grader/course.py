@@ -149,6 +149,7 @@ def _outcome(submission, notebook_results) -> report.Outcome:
     return report.Outcome(
         submission, "failed" if failed else "flagged" if problems else "graded", problems,
         sum(r.seconds for r in runs), sum(r.code_seconds for r in runs), sum(r.code_cpu for r in runs),
+        sum(r.judge_cpu for r in runs),
     )
 
 

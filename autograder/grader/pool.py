@@ -168,8 +168,11 @@ class Worker:
     @staticmethod
     def _judge(conversation: Conversation, judge: Judge, index: int, count: int, run: Run) -> None:
         """Test cell `index`, run here; its outputs go into the notebook, its verdict into `run`."""
-        started = time.monotonic()
-        verdict = conversation.judge(judge, index, run.changed)
+        started, cpu = time.monotonic(), time.thread_time()
+        try:
+            verdict = conversation.judge(judge, index, run.changed)
+        finally:
+            run.judge_cpu += time.thread_time() - cpu
         if conversation.lost is not None:  # whatever the checks made of it: no answer, no points
             verdict = dataclasses.replace(verdict, score=0.0, outputs=[*verdict.outputs, _error(
                 "NotJudged", f"the notebook's process stopped answering the grader ({conversation.lost})")])

@@ -74,6 +74,7 @@ class Run:
     stopped_at: int | None = None  # index of the cell running when it stopped
     seconds: float = 0.0  # wall time, from fork to exit
     cpu: float = 0.0  # CPU seconds of the child
+    judge_cpu: float = 0.0  # CPU seconds the grader spent running its test cells
     maxrss: int = 0  # peak resident memory of the child, KiB
 
     @property

@@ -27,6 +27,7 @@ class Outcome:
     seconds: float = 0.0  # wall time of its notebooks' runs
     code_seconds: float = 0.0  # of which running cells
     code_cpu: float = 0.0  # CPU time of its cells
+    checks_cpu: float = 0.0  # CPU time the grader spent running its test cells
     graded_at: datetime = field(default_factory=datetime.now)  # when its results were saved
 
 
@@ -115,7 +116,7 @@ def write_status(outcomes: list[Outcome], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["student", "status", "graded_at", "seconds", "code_seconds", "code_cpu", "problems"])
+        writer.writerow(["student", "status", "graded_at", "seconds", "code_seconds", "code_cpu", "checks_cpu", "problems"])
         for o in outcomes:
-            times = (o.graded_at.isoformat(), f"{o.seconds:.3f}", f"{o.code_seconds:.3f}", f"{o.code_cpu:.3f}")
+            times = (o.graded_at.isoformat(), f"{o.seconds:.3f}", f"{o.code_seconds:.3f}", f"{o.code_cpu:.3f}", f"{o.checks_cpu:.3f}")
             writer.writerow([o.submission.student, o.status, *times, " | ".join(o.problems)])
