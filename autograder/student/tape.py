@@ -4,8 +4,18 @@
 computed, as plain tensors. The checks (:mod:`autograder.exercises.tape_autograd`) judge
 them against torch.autograd.
 
-While a transcript runs, every operation it does not test is replaced by a reference
-implementation, so a mistake in one exercise never costs points in another.
+While a transcript runs, every operation of the notebook it does not test is replaced by a
+*stand-in*: it computes its forward value with torch and records a tape entry, nothing
+more. So a mistake in one exercise never costs points in another, and no gradient formula
+lives here. When the student's code (its `grad`, its `hvp`) calls the propagate of a
+stand-in's entry, the propagate asks the judging side for the input gradients
+(`probe.ask`: which function, at which values, with which output gradients) and records
+the answer as the outputs of a new entry, whose own propagate asks again, one level of
+"the VJP of" deeper: gradients of gradients work. The judging side answers only while a
+check runs, and never about the operations under test.
+
+Everything a transcript reports besides computed values (which entries were recorded, with
+which inputs and outputs) is best effort: the student's process can forge it.
 """
 from __future__ import annotations
 
@@ -19,7 +29,8 @@ import torch
 
 from . import probe
 
-# name -> (arity, torch implementation); the notebook's function is `operator_<name>`.
+# name -> (arity, torch implementation of the forward value); the notebook's function is
+# `operator_<name>`.
 TORCH_OPS: dict[str, tuple[int, Callable[..., torch.Tensor]]] = {
     "neg": (1, torch.neg),
     "add": (2, torch.add),
@@ -32,11 +43,13 @@ TORCH_OPS: dict[str, tuple[int, Callable[..., torch.Tensor]]] = {
     "cos": (1, torch.cos),
     "matmul": (2, torch.matmul),
     "exp_mul": (2, lambda a, b: a.exp() * b),
-    # Entries of the grad checks: first(x, w) = x, whose propagate returns [g, None]; and an
+    # Entries of the grad checks: first(x, w) = x, whose w gets no gradient (None); and an
     # entry recorded after the loss, whose propagate must never run.
     "first": (2, lambda a, b: a * 1),
     "sentinel": (1, lambda a: a * 2),
 }
+# The operations the notebooks define as `operator_<name>` (and a transcript replaces).
+NOTEBOOK_OPS = ("neg", "add", "mul", "sum", "expand", "t", "exp", "sin", "cos", "matmul")
 
 
 # --- programs: what a check asks the student's code to compute -----------------------------
@@ -113,35 +126,31 @@ class Tape:
     def var(self, value: torch.Tensor):
         return self.Variable(value.detach().clone())
 
+    def record(self, op: str, inputs: list, outputs: list, propagate: Callable[..., Any]) -> None:
+        self.ns["record"](op, inputs, outputs, propagate)  # looked up now: a transcript may watch it
+
     def ops(self) -> dict[str, Callable[..., Any]]:
-        """The notebook's operations (student's or reference), plus those of the grad checks."""
-        found = {name: self.ns[f"operator_{name}"] for name in TORCH_OPS if f"operator_{name}" in self.ns}
-        return {**found, **self._grad_check_ops()}
+        """The notebook's operations (the student's or stand-ins), plus those of the grad checks."""
+        found = {name: self.ns[f"operator_{name}"] for name in (*NOTEBOOK_OPS, "exp_mul") if f"operator_{name}" in self.ns}
+        return {**found, "first": stand_in(self, "first"), "sentinel": self._sentinel}
 
-    def _grad_check_ops(self) -> dict[str, Callable[..., Any]]:
-        record = self.ns["record"]
+    def _sentinel(self, a):
+        def must_not_run(dL_doutputs):
+            raise SkippedEntryCalled
 
-        def first(a, b):
-            r = self.Variable(a.value.clone())
-            record("first", [a, b], [r], lambda g: [g[0], None])
-            return r
-
-        def sentinel(a):
-            def must_not_run(g):
-                raise SkippedEntryCalled
-
-            r = self.Variable(a.value * 2)
-            record("sentinel", [a], [r], must_not_run)
-            return r
-
-        return {"first": first, "sentinel": sentinel}
+        r = self.Variable(TORCH_OPS["sentinel"][1](a.value))
+        self.record("sentinel", [a], [r], must_not_run)
+        return r
 
     @contextlib.contextmanager
-    def isolated(self, keep: Sequence[str] = ()) -> Iterator["Tape"]:
-        """An empty tape and reference operations (except `keep`); restored afterwards."""
+    def isolated(self, keep: Sequence[str] = (), recorder: "Recorder | None" = None) -> Iterator["Tape"]:
+        """An empty tape and stand-ins for the notebook's operations (except `keep`); with
+        a `recorder`, every entry recorded meanwhile is logged. Restored afterwards."""
         saved_tape, saved_name = list(self.tape), self.ns.get("_name")
-        patched = {f"operator_{op}": impl for op, impl in reference_ops(self).items() if op not in keep}
-        saved_ops = {k: self.ns[k] for k in patched if k in self.ns}
+        patched = {f"operator_{op}": stand_in(self, op) for op in NOTEBOOK_OPS if op not in keep}
+        if recorder is not None:
+            patched["record"] = recorder.watching(self.ns["record"])
+        saved = {k: self.ns[k] for k in patched if k in self.ns}
         self.tape.clear()
         self.ns.update(patched)
         try:
@@ -150,52 +159,150 @@ class Tape:
             self.tape[:] = saved_tape
             for k in patched:
                 self.ns.pop(k, None)
-            self.ns.update(saved_ops)
+            self.ns.update(saved)
             if saved_name is not None:
                 self.ns["_name"] = saved_name
 
 
-def reference_ops(tape: Tape) -> dict[str, Callable[..., Any]]:
-    """Correct operations recording on the student's tape, for everything not under test."""
-    V, record = tape.Variable, tape.ns["record"]
+# --- stand-ins: forward values here, gradients from the judging side ------------------------
 
-    def op(name, inputs, value, propagate):
-        r = V(value)
-        record(name, list(inputs), [r], propagate)
+def stand_in(tape: Tape, op: str) -> Callable[..., Any]:
+    """`operator_<op>` computing the forward value with torch; its entry's propagate asks.
+
+    Written for speed (the deep chain makes 10,000 of them): few objects per call, and no
+    reference from the entry back to its output (no reference cycle)."""
+    arity, forward = TORCH_OPS[op]
+    ns, Variable = tape.ns, tape.Variable
+
+    spec = (tape, op, arity)
+
+    def operation(*args):
+        if len(args) != arity + (op == "expand"):
+            raise TypeError(f"operator_{op} takes {arity + (op == 'expand')} arguments, got {len(args)}")
+        if arity == 1:
+            a, b = args[0], ([int(s) for s in args[1]] if op == "expand" else None)
+            r = Variable(forward(a.value, *args[1:]))
+            ns["record"](op, [a], [r], _StandInPropagate(spec, a, b))
+        else:
+            a, b = args
+            r = Variable(forward(a.value, b.value))
+            ns["record"](op, [a, b], [r], _StandInPropagate(spec, a, b))
         return r
 
-    return {
-        "neg": lambda a: op("neg", [a], -a.value, lambda g: [-g[0]]),
-        "add": lambda a, b: op("add", [a, b], a.value + b.value, lambda g: [g[0], g[0]]),
-        "mul": lambda a, b: op("mul", [a, b], a.value * b.value, lambda g: [g[0] * b, g[0] * a]),
-        "sum": lambda a: op("sum", [a], a.value.sum(), lambda g: [g[0].expand(tuple(a.value.shape))]),
-        "expand": lambda a, sizes: op("expand", [a], a.value.expand(sizes), lambda g: [g[0].sum()]),
-        "t": lambda a: op("t", [a], a.value.t(), lambda g: [g[0].t()]),
-        "exp": lambda a: _exp(op, a),
-        "sin": lambda a: op("sin", [a], a.value.sin(), lambda g: [g[0] * a.cos()]),
-        "cos": lambda a: op("cos", [a], a.value.cos(), lambda g: [-(g[0] * a.sin())]),
-        "matmul": lambda a, b: op("matmul", [a, b], a.value @ b.value, lambda g: [g[0] @ b.t(), a.t() @ g[0]]),
-    }
+    operation.__name__ = operation.__qualname__ = f"operator_{op}"
+    return operation
 
 
-def _exp(op, a):
-    box: list = []
-    r = op("exp", [a], a.value.exp(), lambda g: [g[0] * box[0]])
-    box.append(r)  # exp saves its output
-    return r
+_ONE_OUTPUT = (True,)
 
 
-def reference_grad(tape: Tape, L, wrt: Sequence[Any]) -> list:
-    """The tape walk of notebook 01, accumulating with recorded additions."""
-    grads = {L.name: tape.Variable(torch.ones_like(L.value))}
-    for entry in reversed(list(tape.tape)):
-        outs = [grads.get(n) for n in entry.outputs]
-        if all(g is None for g in outs):
-            continue
-        for name, g in zip(entry.inputs, entry.propagate(outs)):
-            if g is not None:
-                grads[name] = grads[name] + g if name in grads else g
-    return [grads.get(v.name) for v in wrt]
+class _StandInPropagate:
+    """The propagate of a stand-in's entry: it keeps the operation's arguments, nothing
+    more (one small object per entry: the deep chain makes 10,000)."""
+
+    __slots__ = ("a", "b", "spec")  # (tape, op, arity); the inputs, or the input and expand's sizes
+
+    def __init__(self, spec: tuple, a: Any, b: Any) -> None:
+        self.spec, self.a, self.b = spec, a, b
+
+    def __call__(self, dL_doutputs: Any) -> list:
+        tape, op, arity = self.spec
+        inputs = [self.a, self.b] if arity == 2 else [self.a]
+        return _ask(tape, op, self.b if op == "expand" else None, 0, inputs, _ONE_OUTPUT, dL_doutputs)
+
+
+def _label(op: str, depth: int) -> str:
+    return "d(" * depth + op + ")" * depth
+
+
+def _ask(tape: Tape, op: str, sizes: list | None, depth: int, inputs: list, present: Sequence[bool],
+         dL_doutputs: Any) -> list:
+    """The propagate of an entry `outputs = F(inputs)`, F being `op` differentiated `depth`
+    times (the VJP of the VJP ...); None among F's inputs and outputs stands for a zero and
+    is no input or output of the entry (`present`: which outputs are). It asks the judging
+    side, and records the answer as the outputs of an entry of F's VJP."""
+    arriving = iter(dL_doutputs)
+    grads = [next(arriving, None) if p else None for p in present]
+    if all(g is None for g in grads):  # nothing arrives: nothing to ask
+        return [None] * sum(v is not None for v in inputs)
+    answer = probe.ask({
+        "op": op, "sizes": sizes, "vjp": depth,
+        "inputs": [None if v is None else v.value.detach() for v in inputs],
+        "grads": [None if g is None else g.value.detach() for g in grads],
+    })
+    if not isinstance(answer, list) or len(answer) != len(inputs) or not all(
+        a is None or isinstance(a, torch.Tensor) for a in answer
+    ):
+        raise probe.Malformed("malformed answer from the judging side")
+    results = [None if a is None or v is None else tape.Variable(a) for a, v in zip(answer, inputs)]
+    if any(r is not None for r in results):
+        deeper, found = [*inputs, *grads], [r is not None for r in results]
+
+        def propagate(dL_doutputs):
+            return _ask(tape, op, sizes, depth + 1, deeper, found, dL_doutputs)
+
+        tape.record(_label(op, depth + 1), [v for v in deeper if v is not None], [r for r in results if r is not None],
+                    propagate)
+    return [r for r, v in zip(results, inputs) if v is not None]
+
+
+# --- what the student's code recorded ----------------------------------------------------------
+
+class Recorder:
+    """Numbers every Variable the transcript creates or an entry records, keeps its name and
+    value, and logs each entry recorded through the notebook's `record` as (op, input
+    numbers, output numbers): the judge rebuilds that computation with torch."""
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        self.number: dict[int, int] = {}
+        self.kept: list = []  # keeps the Variables alive, so their ids stay theirs
+        self.names: list[str] = []
+        self.values: list[torch.Tensor] = []
+        self.entries: list[list] = []
+
+    def key(self, v: Any) -> int:
+        k = self.number.get(id(v))
+        if k is None:
+            k = self.number[id(v)] = len(self.kept)
+            self.kept.append(v)
+            self.names.append(str(getattr(v, "name", "?")))
+            value = getattr(v, "value", None)
+            self.values.append(value.detach() if isinstance(value, torch.Tensor) else torch.zeros(0))
+        return k
+
+    def watching(self, record: Callable[..., Any]) -> Callable[..., Any]:
+        def watched(op, inputs, outputs, propagate):
+            record(op, inputs, outputs, propagate)
+            self.entries.append([str(op), [self.key(v) for v in inputs], [self.key(v) for v in outputs]])
+
+        return watched
+
+    def data(self) -> dict:
+        """As a few strings and tensors, which cross processes far faster than many small
+        ones: names and ops joined by NUL; each entry as (inputs, outputs, input keys...,
+        output keys...) and each value's shape as (dims, sizes...) in int64 tensors; the
+        values flattened, in float64, into one."""
+        values = [_as_float64(v) for v in self.values]
+        return {
+            "names": SEPARATOR.join(n.replace(SEPARATOR, "") for n in self.names),
+            "ops": SEPARATOR.join(op.replace(SEPARATOR, "") for op, _, _ in self.entries),
+            "structure": torch.tensor([x for _, ins, outs in self.entries for x in (len(ins), len(outs), *ins, *outs)],
+                                      dtype=torch.int64),
+            "shapes": torch.tensor([x for v in values for x in (v.dim(), *v.shape)], dtype=torch.int64),
+            "values": torch.cat([v.reshape(-1) for v in values]) if values else torch.zeros(0, dtype=torch.float64),
+        }
+
+
+SEPARATOR = "\x00"
+
+
+def _as_float64(value: torch.Tensor) -> torch.Tensor:
+    if value.is_complex() or value.device.type != "cpu":
+        return torch.zeros(value.shape, dtype=torch.float64)
+    return value.detach().to(torch.float64)
 
 
 def _error(stage: str, exc: BaseException) -> dict:
@@ -222,61 +329,86 @@ def _as_records(xs: Any) -> Any:
     return [_as_record(x) for x in xs]
 
 
+# --- probe procedures ------------------------------------------------------------------------
+
 @probe.procedure
-def op_transcript(fn: Callable[..., Any], keep: list, inputs: list, extra: tuple, dL_dr: torch.Tensor,
-                   us: list) -> dict:
-    """One operation: its value, what its propagate returns for dL_dr, and the gradients of
-    sum(<propagate's results, us>) by a reference walk of the tape."""
-    out: dict = {"error": None, "value": None, "recorded": False, "grads": None, "second": None}
+def entry_transcript(anchor: Callable[..., Any], keep: list, cases: list) -> list:
+    """For each case, the student's `operator_<op>` on fresh Variables: its result, whether
+    it recorded one entry with the result among its outputs, what that entry's propagate
+    returns for each pattern of output gradients, and everything recorded meanwhile.
+
+    A case: {"op", "inputs": distinct values, "args": the input of each argument position,
+    "extra": further arguments, "grads": [dL_dr, gradients for other outputs...]}. With
+    one output, propagate gets [dL_dr]; with several, first dL_dr alone (None for the
+    others), then each other output's gradient alone, then all of them.
+    """
     try:
-        tape = Tape(fn)
+        tape = Tape(anchor)
     except TapeMissing as missing:
-        out["error"] = _error("setup", missing)
+        return [{"error": _error("setup", missing)} for _ in cases]
+    recorder = Recorder()
+    with tape.isolated(keep, recorder):
+        return [_entry_case(tape, recorder, case) for case in cases]
+
+
+def _entry_case(tape: Tape, recorder: "Recorder", case: dict) -> dict:
+    out: dict = {"error": None, "value": None, "recorded": False, "result": None, "calls": [], "graph": None}
+    recorder.clear()
+    tape.tape.clear()
+    fn = tape.ns.get(f"operator_{case['op']}")
+    if fn is None:
+        out["error"] = _error("setup", TapeMissing(f"`operator_{case['op']}` is not defined."))
         return out
-    with tape.isolated(keep):
-        vs = [tape.var(x) for x in inputs]
-        before = len(tape.tape)
-        stage = "forward"
-        try:
-            r = fn(*vs, *extra)
-            out["value"] = _as_record(r)
-            out["recorded"] = len(tape.tape) == before + 1 and tape.tape[-1].outputs == [getattr(r, "name", None)]
-            if not out["recorded"]:
-                return out
-            stage = "propagate"
-            g = tape.var(dL_dr)
-            grads = tape.tape[-1].propagate([g])
-            out["grads"] = _as_records(grads)
-            if not isinstance(grads, (list, tuple)):
-                return out
-            stage = "second backward"
-            ref = reference_ops(tape)
-            terms = [ref["sum"](ref["mul"](gv, tape.var(u))) for gv, u in zip(grads, us) if _is_variable(gv)]
-            if terms:
-                S = terms[0]
-                for t in terms[1:]:
-                    S = ref["add"](S, t)
-                out["second"] = [None if s is None else s.value.detach() for s in reference_grad(tape, S, [*vs, g])]
-        except Exception as exc:  # the student's code may raise anything
-            out["error"] = _error(stage, exc)
+    vs = [tape.var(x) for x in case["inputs"]]
+    for v in vs:
+        recorder.key(v)
+    stage = "forward"
+    try:
+        r = fn(*[vs[i] for i in case["args"]], *case["extra"])
+        out["value"] = _as_record(r)
+        entry = tape.tape[0] if len(tape.tape) == 1 else None
+        if entry is None or len(recorder.entries) != 1 or getattr(r, "name", None) not in entry.outputs:
+            return out
+        out["recorded"] = True
+        outputs = recorder.entries[0][2]
+        at = next((j for j, k in enumerate(outputs) if recorder.kept[k] is r), entry.outputs.index(r.name))
+        out["result"] = at
+        others = iter(range(1, len(case["grads"])))
+        given = [0 if j == at else next(others, None) for j in range(len(outputs))]
+        alone = ([i if j == k else None for j, i in enumerate(given)] for k in [at, *(j for j in range(len(given)) if j != at)])
+        patterns = [given] if len(given) == 1 else [p for p in [*alone, given] if any(i is not None for i in p)]
+        stage = "propagate"
+        for pattern in patterns:
+            gs = [None if i is None else tape.var(case["grads"][i]) for i in pattern]
+            call: dict = {"pattern": pattern, "keys_in": [None if g is None else recorder.key(g) for g in gs],
+                          "error": None, "grads": None, "keys": None}
+            out["calls"].append(call)
+            try:
+                grads = entry.propagate(gs)
+                call["grads"] = _as_records(grads)
+                if isinstance(grads, (list, tuple)):
+                    call["keys"] = [recorder.key(g) if _is_variable(g) else None for g in grads]
+            except Exception as exc:  # the student's code may raise anything
+                call["error"] = _error("propagate", exc)
+    except Exception as exc:  # the student's code may raise anything
+        out["error"] = _error(stage, exc)
+    finally:
+        out["graph"] = recorder.data()
     return out
 
 
 @probe.procedure
-def program_transcript(student: Callable[..., Any], keep: list, student_grad: bool, program: tuple,
-                        xs: list) -> dict:
-    """A program on the student's tape: the gradients of its loss and, when all went well,
-    of the squared norm of those gradients. `student_grad`: walk with the student's grad
-    (given as `student`), else with the reference walk."""
+def program_transcript(grad: Callable[..., Any], keep: list, program: tuple, xs: list) -> dict:
+    """A program on the student's tape, walked by the student's `grad`: the gradients of its
+    loss and, when all went well, of the squared norm of those gradients."""
     out: dict = {"error": None, "skipped_entry_called": False, "grads": None, "second": None}
     try:
-        tape = Tape(student)
+        tape = Tape(grad)
     except TapeMissing as missing:
         out["error"] = _error("setup", missing)
         return out
     prog = Program.from_data(program)
     with tape.isolated(keep):
-        grad = student if student_grad else (lambda L, wrt: reference_grad(tape, L, wrt))
         ops = tape.ops()
         stage = "forward"
         try:
