@@ -114,7 +114,8 @@ def _system_arguments() -> list[str]:
             args += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             args += ["--ro-bind", path, path]
-    for name in ETC:
+    args += ["--perms", "0755", "--dir", "/etc"]  # else private to root: the notebooks' user could not read
+    for name in ETC:                               # fonts.conf, and dot would complain on every graph
         args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     for device in glob.glob("/dev/nvidia*"):  # a GPU, if there is one, is initialised in the child
         args += ["--dev-bind", device, device]
