@@ -557,10 +557,14 @@ def _packed_bytes(r: dict) -> int:
 
 
 def check_save_as_bf16(hooks: Any, *, shapes: Sequence[Sequence[int]] = ((6, 5, 16, 5),),
-                       dtype: torch.dtype = torch.float32, scale: float = 1.0, seed: int | None = 0) -> None:
+                       dtype: str = "float32", scale: float = 1.0, seed: int | None = 0) -> None:
     """save_as_bf16: saved-tensor hooks that keep floating-point activations in bfloat16 and
-    give them back in their own dtype and device; parameters, masks and indices unchanged."""
+    give them back in their own dtype and device; parameters, masks and indices unchanged.
+    `dtype` is "float32" or "float64" (a name: a test cell may not know torch)."""
     __tracebackhide__ = True
+    if dtype not in ("float32", "float64"):
+        raise ValueError(f"dtype must be 'float32' or 'float64', not {dtype!r}")
+    dtype = getattr(torch, dtype)
     generator = _generator(seed)
     totals = [0, 0]
     for shape in shapes:
@@ -573,7 +577,7 @@ def check_save_as_bf16(hooks: Any, *, shapes: Sequence[Sequence[int]] = ((6, 5, 
     passed(
         f"save_as_bf16 keeps the activations in {totals[1]} bytes instead of {totals[0]}; parameters, the bool "
         f"mask and the int64 indices as they are; unpacked tensors in their own dtype and device "
-        f"({dtype}, {', '.join([*devices.available(), 'meta'])}); gradients as close as bfloat16 rounding allows."
+        f"({str(dtype).removeprefix('torch.')}, {', '.join([*devices.available(), 'meta'])}); gradients as close as bfloat16 rounding allows."
     )
     if "cuda" not in devices.available():
         note(devices.NO_CUDA)
