@@ -26,7 +26,7 @@ from ..student.report import fail, note, passed, quiet, show
 Jacobians = list[list[torch.Tensor]]
 
 
-# --- Reference Jacobians, computed as torch's gradcheck computes them -------------------
+# --- Reference Jacobians: torch's own (this module ships to students: no answers in it) ---
 
 def outputs_of(result: Any) -> tuple[torch.Tensor, ...]:
     return tuple(result) if isinstance(result, (tuple, list)) else (result,)
@@ -36,44 +36,31 @@ def _empty_jacobians(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Ten
     return [[x.new_zeros(x.numel(), o.numel()) for x in inputs] for o in outputs]
 
 
-def _differences(f: Callable, inputs: Sequence[torch.Tensor], eps: float, *, central: bool) -> Jacobians:
-    """Finite differences, one input entry at a time: row r of J[i][j] perturbs input_j[r]."""
-    inputs = [x.detach().clone(memory_format=torch.contiguous_format) for x in inputs]
-    with torch.no_grad():
-        base = outputs_of(f(*inputs))
-        J = _empty_jacobians(inputs, base)
-        for j, x in enumerate(inputs):
-            flat = x.view(-1)
-            for r in range(flat.numel()):
-                original = flat[r].item()
-                flat[r] = original + eps
-                plus = outputs_of(f(*inputs))
-                flat[r] = original - eps
-                minus = outputs_of(f(*inputs)) if central else base
-                flat[r] = original
-                for i, (p, m) in enumerate(zip(plus, minus)):
-                    J[i][j][r] = ((p - m) / (2 * eps if central else eps)).reshape(-1)
-    return J
-
-
 def numerical_jacobian(f: Callable, inputs: Sequence[torch.Tensor], eps: float = 1e-6) -> Jacobians:
-    """Central differences, as gradcheck computes them."""
-    return _differences(f, inputs, eps, central=True)
+    """Central differences, by torch's gradcheck itself (its numerical Jacobian)."""
+    with torch.no_grad():
+        return gradcheck._torch_numerical_jacobian(f, inputs, eps)
 
 
 def analytical_jacobian(f: Callable, inputs: Sequence[torch.Tensor]) -> Jacobians:
-    """From backward: column c of J[i][j] is the gradient of output_i[c] (a one-hot grad_output)."""
-    inputs = [x.detach().requires_grad_() for x in inputs]
-    outputs = outputs_of(f(*inputs))
-    J = _empty_jacobians(inputs, outputs)
-    for i, out in enumerate(outputs):
-        for c in range(out.numel()):
-            one_hot = torch.zeros(out.numel(), dtype=out.dtype, device=out.device)
-            one_hot[c] = 1
-            grads = torch.autograd.grad(out, inputs, one_hot.view_as(out), retain_graph=True, allow_unused=True)
-            for j, g in enumerate(grads):
-                if g is not None:
-                    J[i][j][:, c] = g.reshape(-1)
+    """From backward, by torch.autograd.functional.jacobian (one vjp per output entry),
+    in gradcheck's layout: J[i][j][r, c] = d output_i[c] / d input_j[r]."""
+    leaves = tuple(x.detach() for x in inputs)
+    by_output = torch.autograd.functional.jacobian(lambda *a: outputs_of(f(*a)), leaves)
+    return [[block.reshape(-1, x.numel()).T.contiguous() for block, x in zip(row, leaves)] for row in by_output]
+
+
+def _forward_differences(f: Callable, inputs: Sequence[torch.Tensor], eps: float) -> Jacobians:
+    """A known mistake of exercise 5.1: (f(x + eps e_r) - f(x)) / eps, row by row."""
+    inputs = [x.detach() for x in inputs]
+    with torch.no_grad():
+        base = outputs_of(f(*inputs))
+        J = _empty_jacobians(inputs, base)
+        for j, t in enumerate(inputs):
+            for r, step in enumerate(torch.eye(t.numel(), dtype=t.dtype, device=t.device).mul_(eps)):
+                moved = [y + step.view_as(y) if k == j else y for k, y in enumerate(inputs)]
+                for i, (p, b) in enumerate(zip(outputs_of(f(*moved)), base)):
+                    J[i][j][r] = ((p - b) / eps).reshape(-1)
     return J
 
 
@@ -301,7 +288,7 @@ def _numerical_mistakes(case: Case, eps: float) -> dict[str, Callable[[], Jacobi
     return {
         "this is the forward difference (f(x + eps) - f(x)) / eps, whose error is O(eps); the central "
         "difference (f(x + eps) - f(x - eps)) / (2 * eps) has error O(eps**2).":
-            lambda: _differences(f, xs, eps, central=False),
+            lambda: _forward_differences(f, xs, eps),
         "the values are twice the central difference: the two points are 2 * eps apart, so divide by 2 * eps.":
             lambda: scaled(2.0),
         "the values are half the central difference: divide by 2 * eps, not 4 * eps (or perturb by eps, not eps / 2).":
@@ -616,15 +603,21 @@ check_lerp = _fixed_checker(FunctionSpec("Lerp", torch.lerp, _normal_cases([(5,)
 
 def max_gradient_error(f: Callable, x: torch.Tensor, eps: float = 1e-6) -> tuple[float, float]:
     """For an elementwise f: the largest |backward - central difference| over the entries of
-    x, and the value of x where it occurs. The Jacobian is diagonal, so one central
-    difference of the whole tensor gives every derivative at once."""
-    x = x.detach()
-    with torch.no_grad():
-        numerical = (f(x + eps) - f(x - eps)) / (2 * eps)
-    analytical, = _grads(f, x)
-    error = (analytical - numerical).abs().reshape(-1)
-    k = int(error.argmax())
-    return error[k].item(), x.reshape(-1)[k].item()
+    x, and the value of x where it occurs; both derivatives are torch's (gradcheck's
+    numerical Jacobian and autograd's, whose diagonals they are)."""
+    error = _errors(f, x, eps)
+    worst = int(error.argmax())
+    return error[worst].item(), x.detach().reshape(-1)[worst].item()
+
+
+def _errors(f: Callable, x: torch.Tensor, eps: float) -> torch.Tensor:
+    """|backward - central difference| at each entry of x (flattened), f elementwise."""
+    return (_grads(f, x)[0].reshape(-1) - _central(f, x, eps)).abs()
+
+
+def _central(f: Callable, x: torch.Tensor, eps: float) -> torch.Tensor:
+    """The central differences of an elementwise f: the diagonal of torch's numerical Jacobian."""
+    return numerical_jacobian(f, [x], eps)[0][0].diagonal()
 
 
 def _grads(f: Callable, x: torch.Tensor) -> tuple[torch.Tensor]:
@@ -660,7 +653,7 @@ def _error_mistakes(case: Approximation) -> dict[str, Callable[[], float]]:
     def worst(numerical: torch.Tensor, combine: Callable = lambda a, n: (a - n).abs()) -> float:
         return combine(analytical, numerical).max().item()
 
-    central = (f(x + eps) - f(x - eps)) / (2 * eps)
+    central = _central(f, x, eps).view_as(x)
     return {
         "this is the error against the forward difference (f(x + eps) - f(x)) / eps, which is itself off "
         "by about eps * |f''| / 2: use the central difference.": lambda: worst((f(x + eps) - f(x)) / eps),
@@ -708,8 +701,7 @@ def _check_where(label: str, case: Approximation, where: float, worst: float) ->
         fail(f"{label}: where = {where!r} is not a value of x.",
              cause="return the value of x at the worst entry (x.flatten()[k].item()), not its index k."
              if index_like else "return the value of x at the worst entry.")
-    (analytical,) = _grads(f, x)
-    error = (analytical - (f(x + eps) - f(x - eps)) / (2 * eps)).abs().reshape(-1)
+    error = _errors(f, x, eps)
     if error[at].max().item() < worst - 1e-8:
         fail(f"{label}: at x = {where:.6g} the error is {error[at].max().item():.6g}, "
              f"but the largest is {worst:.6g}.", cause="return the x of the entry with the largest error.")

@@ -1,0 +1,119 @@
+"""What students install and open holds nothing of the instructor's: the student package
+and the released notebooks, built by `make publish`, searched for the distinctive lines of
+every solution, hidden test and quiz key."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from autograder import authoring, publish
+
+SHORTEST = 20  # characters: shorter lines are too common to mean anything (as in test_sandbox_secrets)
+
+
+def _between(source: str, begin: str, end: str) -> list[str]:
+    found, inside = [], False
+    for line in source.splitlines():
+        if begin in line:
+            inside = True
+        elif end in line:
+            inside = False
+        elif inside:
+            found.append(line.strip())
+    return found
+
+
+def _secrets() -> dict[str, str]:
+    """{line: where it comes from} for every solution and hidden-test line (quiz keys are in
+    hidden tests) of every notebook in solutions/, that the released notebooks do not show."""
+    released = "\n".join(
+        cell.source for path in sorted((authoring.ROOT / "course").glob("*/*.ipynb"))
+        for cell in nbformat.read(path, as_version=4).cells
+    )
+    found = {}
+    for slug in authoring.assignments():
+        for cell in nbformat.read(authoring.solution_path(slug), as_version=4).cells:
+            grade_id = cell.metadata.get("nbgrader", {}).get("grade_id", "?")
+            for kind, begin, end in (("hidden test", "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"),
+                                     ("solution", "### BEGIN SOLUTION", "### END SOLUTION")):
+                for line in _between(cell.source, begin, end):
+                    if len(line) >= SHORTEST and not line.startswith("#") and line not in released:
+                        found.setdefault(line, f"{slug} {grade_id} ({kind})")
+    return found
+
+
+# Lines of solutions that the student side may share without giving an answer away, each
+# with the reason. Boilerplate of any custom Function:
+COMMON = {
+    "(indices,) = ctx.saved_tensors": "boilerplate: student/save_for_backward.py's TopTwo (a given example, not Sort)",
+    "ctx.mark_non_differentiable(indices)": "boilerplate: TopTwo, a given example of notebook 06",
+    "ctx.save_for_backward(indices)": "boilerplate: TopTwo",
+    "return values, indices": "boilerplate: TopTwo",
+    "ctx.save_for_backward(x, beta)": "boilerplate: student/real_world.py's SwishStandIn, whose values come from the grader",
+    "x, beta = ctx.saved_tensors": "boilerplate: SwishStandIn",
+    "z = torch.zeros_like(x)": "the start of a plain fixed-point iteration (exercises/real_world.py's unrolled reference)",
+    # The forward of a function as its exercise defines it (the exercise is its backward):
+    "return x * torch.sigmoid(beta * x)": "Swish's definition, forward only",
+    "return x.clamp(0, clip)": "ClippedReLU's definition, forward only",
+}
+# Found by this test in files other helpers own; reported to them, to be removed here once fixed.
+KNOWN = {
+    "with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):":
+        "student/saved.py's recorder is the heart of exercise 6's saved_by answer",
+    "if t.dtype in (torch.float32, torch.float64) and not (t.is_leaf and t.requires_grad):":
+        "exercises/memory.py's reference rounding is save_as_bf16's pack (08_memory)",
+}
+
+
+def _texts(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): p.read_text() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.suffix in (".py", ".ipynb", ".md", ".toml", ".txt", ".json")}
+
+
+@pytest.fixture(scope="module")
+def public(tmp_path_factory) -> Path:
+    return publish.build(tmp_path_factory.mktemp("public") / "repo")
+
+
+def test_the_public_repository_holds_the_student_package_and_the_released_notebooks_only(public):
+    top = sorted(p.name for p in public.iterdir())
+    assert top == [".gitignore", "LICENSE", "README.md", "autograder", "course", "pyproject.toml"]
+    assert sorted(p.name for p in (public / "autograder").iterdir() if p.name != "__pycache__") == \
+        ["__init__.py", "checks", "exercises", "student"]
+    assert publish.released() == sorted(p.name for p in (public / "course").iterdir())
+    for slug in publish.released():
+        assert (public / "course" / slug / f"{slug}.ipynb").read_bytes() == \
+            (authoring.ROOT / "course" / slug / f"{slug}.ipynb").read_bytes()
+    assert not list(public.rglob("solutions")) and not list(public.rglob("grader"))
+
+
+def test_nothing_of_a_solution_hidden_test_or_key_is_in_what_students_get(public):
+    secrets = _secrets()
+    assert len(secrets) > 250, len(secrets)  # every notebook's solutions and hidden tests
+    leaks = []
+    for name, text in _texts(public).items():
+        lines = {line.strip() for line in text.splitlines()}
+        if name.endswith(".ipynb"):
+            lines = {line.strip() for cell in nbformat.reads(text, as_version=4).cells for line in cell.source.splitlines()}
+        leaks += [f"{name}: {line!r}  <- {secrets[line]}" for line in sorted(lines & set(secrets)) if line not in COMMON and line not in KNOWN]
+    assert not leaks, "\n".join(leaks)
+
+
+@pytest.mark.slow
+def test_the_student_package_builds_a_wheel_without_the_instructor_side(public, tmp_path):
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", str(tmp_path), str(public)],
+        check=True, capture_output=True, timeout=300,
+    )
+    (wheel,) = tmp_path.glob("autograd_course_student-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "autograder/student/__init__.py" in names and "autograder/exercises/function_basics.py" in names
+    assert not [n for n in names if n.startswith(("autograder/grader", "autograder/runner", "autograder/isolation",
+                                                    "autograder/cli", "autograder/authoring", "autograder/publish"))]
+    metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()
+    assert "Requires-Dist: torchviz==0.0.3" in metadata and "typer" not in metadata
