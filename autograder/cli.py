@@ -55,8 +55,14 @@ def grade(
     deleted, retyped or renamed is graded as far as it ran (unfinished test cells score
     0) and flagged for manual review with the reason. Interrupt at any time: running the
     command again grades only what is left (use --force to grade everything again).
+
+    One grader per course at a time. Exit codes: 0 graded (flagged submissions included),
+    2 a wrong option or a course that is not ready (nothing was done), 3 another run is
+    grading this course, 4 an operational failure (gradebook locked, disk full, folder not
+    writable): what was saved stays saved, and running again finishes the rest.
     """
-    from .grader.grade import GradingError, grade as run
+    from .grader.grade import grade as run
+    from .grader.preflight import FAILED, GradingError
     from .grader.records import Options
     from .isolation.limits import Limits
 
@@ -65,13 +71,18 @@ def grade(
         limits=Limits(timeout=timeout, memory=memory), sandbox=not no_sandbox, db_url=db, feedback=feedback,
     )
     if jobs is not None:
-        options.jobs = max(1, jobs)
+        options.jobs = jobs
     code = 0
     try:
-        run(options)
+        summary = run(options)
+        unsaved = [o for o in summary.outcomes if not o.saved]
+        if unsaved:
+            typer.echo(f"error: {len(unsaved)} submission(s) could not be saved (see above); run again to grade them",
+                       err=True)
+            code = FAILED
     except GradingError as error:
         typer.echo(f"error: {error}", err=True)
-        code = 2
+        code = error.code
     # Everything is written and closed: skip Python's teardown of torch's modules (~1 s).
     sys.stdout.flush()
     sys.stderr.flush()

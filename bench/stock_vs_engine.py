@@ -1,23 +1,23 @@
-"""Stock `nbgrader autograde` against `autograder grade`, on the same submissions, in one run.
+"""Stock `nbgrader autograde` against `autograder grade`: a class batch, both tools, one run.
 
-Builds a throwaway course with notebooks 01-03 (those that exist in solutions/) and at
-least 60 submissions: model solutions, every known wrong and unusual right answer
-(tests/answers), crashes (os._exit, an exception), and hangs (a loop that ignores SIGINT;
-a loop inside a function the checks call, e.g. backward). Two identical copies are graded,
-one by each tool, in two phases: the honest and crashing submissions, then the hanging
-ones. The honest phase gets a generous time budget (nobody should reach it), the hanging
-phase the budget under test. The engine grades each phase twice, just before and just after
-stock, because a shared machine's speed drifts during stock's minutes: each engine run is
-compared with the same stock run. Prints a markdown table and writes it to bench/results/.
+Builds a throwaway course with every notebook in solutions/ and, for each, at least 20
+students (--students): model solutions, known wrong and unusual right answers
+(tests/answers), crashes (os._exit, an exception) and hangs (a loop that ignores SIGINT; a
+loop inside a function the checks call, e.g. backward), mixed in one batch as a class
+hands them in. Two identical copies are graded, one by each tool, with the same time budget
+(--timeout: per cell for nbgrader, per notebook for the engine). The engine grades the
+batch twice, just before and just after stock, because a shared machine's speed drifts
+during stock's minutes: each engine run is compared with the same stock run. Prints a
+markdown table and writes it to bench/results/.
 
-    .venv/bin/python bench/stock_vs_engine.py [--submissions 60] [--timeout 10] [--jobs N]
+    .venv/bin/python bench/stock_vs_engine.py [--students 20] [--timeout 10] [--jobs N]
 """
 from __future__ import annotations
 
 import argparse
 import csv
-import math
 import os
+import random
 import re
 import resource
 import shutil
@@ -60,7 +60,7 @@ class EngineRun:
     """One `autograder grade` run, with what the engine recorded per student (last-run.csv)."""
 
     measured: Measured
-    code: dict[str, tuple[float, float, float]]  # student -> (seconds fork to exit, seconds in cells, CPU s in cells)
+    code: dict[str, tuple[float, float, float, float]]  # student -> (s fork to exit, s in cells, CPU s in cells, CPU s in checks)
     graded_at: dict[str, float]  # student -> when the engine saved it
 
 
@@ -70,7 +70,8 @@ def _engine_run(command: list[str], root: Path) -> EngineRun:
     for status in (root / "reports").glob("*/last-run.csv"):
         with open(status) as f:
             for row in csv.DictReader(f):
-                code[row["student"]] = (float(row["seconds"]), float(row["code_seconds"]), float(row["code_cpu"]))
+                code[row["student"]] = (float(row["seconds"]), float(row["code_seconds"]), float(row["code_cpu"]),
+                                        float(row["checks_cpu"]))
                 graded_at[row["student"]] = datetime.fromisoformat(row["graded_at"]).timestamp()
     return EngineRun(measured_run, code, graded_at)
 
@@ -107,7 +108,8 @@ def submissions(slug: str, count: int) -> dict[str, tuple[str, dict[str, str]]]:
     while len(found) < count:
         found[f"correct{k:02d}"] = ("correct", model)
         k += 1
-    return {f"{slug[:2]}_{student}": entry for student, entry in found.items()}
+    students = {f"{slug[:2]}_{student}": entry for student, entry in found.items()}
+    return dict(sorted(students.items(), key=lambda item: random.Random(item[0]).random()))  # as a class hands them in
 
 
 def measured(command: list[str], cwd: Path) -> Measured:
@@ -173,7 +175,7 @@ def _is_worker(p: psutil.Process) -> bool:
         command = p.cmdline()
     except psutil.Error:
         return False
-    return bool(command) and "autograder.engine.zygote" in command and not command[0].endswith("bwrap")
+    return bool(command) and "autograder.runner.zygote" in command and not command[0].endswith("bwrap")
 
 
 def _stock_seconds_per_notebook(log: Path, students: set[str]) -> float:
@@ -195,95 +197,89 @@ def scores(course: Course) -> dict[tuple[str, str], float | None]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--submissions", type=int, default=60, help="at least this many submissions in all")
+    parser.add_argument("--students", type=int, default=20, help="students per assignment (at least)")
     parser.add_argument("--timeout", type=int, default=10,
-                        help="time budget of the hanging phase: per cell for nbgrader, per notebook for the engine")
+                        help="time budget: per cell for nbgrader, per notebook for the engine")
     parser.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--keep", action="store_true", help="keep the generated courses (and their logs)")
+    parser.add_argument("assignments", nargs="*", help="only these assignments (default: every one in solutions/)")
     args = parser.parse_args()
 
-    slugs = [s for s in authoring.assignments() if s[:2] in ("01", "02", "03")]
+    slugs = args.assignments or authoring.assignments()
     work = Path(tempfile.mkdtemp(prefix="bench-grading-"))
-    print(f"building {args.submissions}+ submissions of {', '.join(slugs)} in {work}", file=sys.stderr)
+    print(f"building {args.students}+ submissions of each of {', '.join(slugs)} in {work}", file=sys.stderr)
     (work / "course").mkdir()
     course = Course(work / "course", slugs)
-    kinds = {}
+    kinds, assignment = {}, {}
     for slug in slugs:
-        for student, (kind, answers) in submissions(slug, math.ceil(args.submissions / len(slugs))).items():
+        for student, (kind, answers) in submissions(slug, args.students).items():
             course.submit(student, slug, answers)
-            kinds[student] = kind
+            kinds[student], assignment[student] = kind, slug
     honest = [s for s, k in kinds.items() if k not in HANGS]
-    hanging = [s for s, k in kinds.items() if k in HANGS]
     stock, engine = clone(course, work / "stock"), clone(course, work / "engine")
     load = os.getloadavg()
 
-    phases = {}
-    for phase, students, budget in (("honest and crashing", honest, max(60, args.timeout)), ("hanging", hanging, args.timeout)):
-        print(f"{phase}: {len(students)} submissions", file=sys.stderr)
-        chosen = [a for s in students for a in ("--student", s)]
-        grade = [str(BIN / "autograder"), "grade", *slugs, *chosen, "--force", "--jobs", str(args.jobs), "--timeout", str(budget)]
-        before = _engine_run(grade, engine.root)
-        stock_runs = []
-        for slug in slugs:  # nbgrader autograde takes one assignment; the other phase's students are excluded
-            others = ",".join(s for s in kinds if s not in students)
-            stock_runs.append(measured([str(BIN / "nbgrader"), "autograde", slug, "--force", f"--Execute.timeout={budget}",
-                                        f"--CourseDirectory.student_id_exclude={others}",
-                                        "--Application.log_format=%(created)f %(message)s"], stock.root))
-        after = _engine_run(grade, engine.root)
-        theirs = Measured(sum(r.wall for r in stock_runs), sum(r.cpu for r in stock_runs),
-                          max(r.peak_pss for r in stock_runs), max(r.peak_rss for r in stock_runs))
-        phases[phase] = (students, theirs, {"before stock": before, "after stock": after})
+    grade = [str(BIN / "autograder"), "grade", "--force", "--jobs", str(args.jobs), "--timeout", str(args.timeout)]
+    print(f"grading {len(kinds)} notebooks: engine, stock, engine", file=sys.stderr)
+    ours = {"before stock": _engine_run(grade, engine.root)}
+    stock_runs = [  # nbgrader autograde takes one assignment at a time, every student of it in one call
+        measured([str(BIN / "nbgrader"), "autograde", slug, "--force", f"--Execute.timeout={args.timeout}",
+                  "--Application.log_format=%(created)f %(message)s"], stock.root)
+        for slug in slugs
+    ]
+    ours["after stock"] = _engine_run(grade, engine.root)
+    theirs = Measured(sum(r.wall for r in stock_runs), sum(r.cpu for r in stock_runs),
+                      max(r.peak_pss for r in stock_runs), max(r.peak_rss for r in stock_runs))
 
     expected, got = scores(stock), scores(engine)
     compared = [key for key in expected if key[0] in honest and kinds[key[0]] != "crash_exit"]
     same = sum(expected[k] == got.get(k) for k in compared)
     differing = sorted({k[0] for k in compared if expected[k] != got.get(k)})
 
-    from autograder.engine import sandbox
+    from autograder.isolation import sandbox
 
     isolation = sandbox.probe(True, engine.root).summary()
+    n = len(kinds)
+    counts = {kind: sum(k == kind for k in kinds.values()) for kind in sorted(set(kinds.values()))}
     lines = [
         f"# Grading benchmark, {datetime.now():%Y-%m-%d %H:%M}",
         "",
-        f"{len(kinds)} submissions of {', '.join(slugs)} ({len(honest)} honest or crashing, {len(hanging)} hanging); "
-        f"{os.cpu_count()} cores; load average before: {load[0]:.1f}; engine: --jobs {args.jobs}, {isolation}.",
-        f"Time budget of the hanging phase {args.timeout} s (honest phase {max(60, args.timeout)} s): stock nbgrader "
-        f"`--Execute.timeout` (per cell, then SIGINT, then kill), engine `--timeout` (whole notebook, then SIGKILL). "
+        f"{n} submissions: {len(slugs)} assignments ({', '.join(s[:2] for s in slugs)}) × {args.students} students "
+        f"({', '.join(f'{c} {kind}' for kind, c in counts.items())}); {os.cpu_count()} cores; load average before: "
+        f"{load[0]:.1f}; engine: --jobs {args.jobs}, {isolation}. Time budget {args.timeout} s: stock nbgrader "
+        "`--Execute.timeout` (per cell, then SIGINT, then kill), engine `--timeout` (whole notebook, then SIGKILL). "
         "Stock runs `nbgrader autograde` once per assignment (all its students in one call, as an instructor would); "
-        "both write the gradebook and autograded/ "
-        "(the engine also grades.csv and plots; feedback is nbgrader's own step in both, not timed).",
+        "both write the gradebook and autograded/ (the engine also grades.csv and plots; feedback is nbgrader's "
+        "own step in both, not timed). Whole runs, start-up included.",
         "",
-        "| phase | tool | wall s | notebooks/min | speed-up | CPU s | cores busy | CPU s per notebook beyond its cells | peak PSS MiB | peak RSS MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| tool | wall s | notebooks/min | speed-up | CPU s | CPU s per notebook | cores busy | peak PSS MiB | peak RSS MiB |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for phase, (students, theirs, ours) in phases.items():
-        # The students' own code, warm (as the engine measured it, both runs averaged).
-        cells = sum(run.code.get(s, (0, 0, 0))[2] for run in ours.values() for s in students) / len(ours)
-        for tool, m in [("stock nbgrader", theirs), *((f"autograder grade, {when}", run.measured) for when, run in ours.items())]:
-            lines.append(
-                f"| {phase} ({len(students)}) | {tool} | {m.wall:.1f} | {60 * len(students) / m.wall:.1f} | "
-                f"{theirs.wall / m.wall:.1f}× | {m.cpu:.1f} | {m.cpu / m.wall:.2f} | {(m.cpu - cells) / len(students):.3f} | "
-                f"{m.peak_pss:.0f} | {m.peak_rss:.0f} |"
-            )
-    steady_stock = _stock_seconds_per_notebook(stock.root / "bench.log", set(honest))
-    total_stock = sum(t.wall for _, t, _ in phases.values())
-    lines.append("")
-    for when in ("before stock", "after stock"):
-        run = phases["honest and crashing"][2][when]
-        times = sorted(run.graded_at[s] for s in honest if s in run.graded_at)
-        steady_engine = (times[-1] - times[0]) / (len(times) - 1)
-        total_engine = sum(ours[when].measured.wall for _, _, ours in phases.values())
-        runs = [run.code[s] for s in honest if s in run.code and kinds[s] not in ("crash_exit",)]
-        per = max(len(runs), 1)
+    for tool, m in [("stock nbgrader", theirs), *((f"autograder grade, {when}", run.measured) for when, run in ours.items())]:
         lines.append(
-            f"- Engine {when}: steady state of the honest phase (time between consecutive notebooks, start-up "
-            f"excluded) {steady_engine:.3f} s per notebook against stock's {steady_stock:.2f} s: "
-            f"**{steady_stock / steady_engine:.1f}× the throughput**; all {len(kinds)} submissions "
-            f"{total_stock:.1f} s / {total_engine:.1f} s = {total_stock / total_engine:.1f}×. Worker overhead per notebook "
-            f"(fork to exit, minus its cells) {1000 * sum(w - c for w, c, _ in runs) / per:.0f} ms; cells themselves "
-            f"{1000 * sum(c for _, c, _ in runs) / per:.0f} ms wall, {1000 * sum(c for _, _, c in runs) / per:.0f} ms CPU."
+            f"| {tool} | {m.wall:.1f} | {60 * n / m.wall:.1f} | {theirs.wall / m.wall:.1f}× | {m.cpu:.1f} | "
+            f"{m.cpu / n:.3f} | {m.cpu / m.wall:.2f} | {m.peak_pss:.0f} | {m.peak_rss:.0f} |"
         )
+    steady_stock = _stock_seconds_per_notebook(stock.root / "bench.log", set(honest))
+    lines += ["", "| engine run | steady state s/notebook | vs stock | cells CPU ms | checks CPU ms | engine's own CPU ms "
+              "| by assignment: cells + checks CPU ms |", "|---|---|---|---|---|---|---|"]
+    for when, run in ours.items():
+        times = sorted(run.graded_at[s] for s in honest if s in run.graded_at)
+        steady = (times[-1] - times[0]) / (len(times) - 1)
+        measured_ones = [s for s in honest if s in run.code and kinds[s] != "crash_exit"]
+        cells = sum(run.code[s][2] for s in measured_ones) / len(measured_ones)
+        checks = sum(run.code[s][3] for s in measured_ones) / len(measured_ones)
+        # Everything else the engine spent per notebook, start-up and the end included: the
+        # grader, the warm workers, forking, the sandbox, saving.
+        own = (run.measured.cpu - sum(run.code[s][2] + run.code[s][3] for s in run.code)) / n
+        per_slug = ", ".join(
+            f"{slug[:2]} {1000 * _mean([run.code[s][2] for s in measured_ones if assignment[s] == slug]):.0f}"
+            f" + {1000 * _mean([run.code[s][3] for s in measured_ones if assignment[s] == slug]):.0f}" for slug in slugs)
+        lines.append(f"| {when} | {steady:.3f} | {steady_stock / steady:.1f}× | {1000 * cells:.0f} | {1000 * checks:.0f} | "
+                     f"{1000 * own:.0f} | {per_slug} |")
     lines += [
+        "",
+        f"- Stock's steady state: {steady_stock:.2f} s per notebook (between consecutive notebooks of one call).",
         f"- Honest scores identical: {same}/{len(compared)} graded cells "
         f"({len({k[0] for k in compared})} submissions; os._exit and hangs excluded)"
         + (f"; differing: {', '.join(differing)}" if differing else "") + ".",
@@ -292,6 +288,10 @@ def main() -> None:
     publish("\n".join(lines), "grading")
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ class Conversation:
         self.judging_budget = judging_budget
         self.judging = 0.0  # seconds spent judging so far
         self.answers = 0  # bytes received for judging (not the notebook's output)
+        self.probe_cpu = 0.0  # CPU seconds the process says it spent answering (for statistics only)
         self.lost: Exception | None = None
 
     def execute(self, code: str, count: int, timeout: float) -> dict:
@@ -68,6 +69,8 @@ class Conversation:
         except (TimeoutError, ProtocolError, OSError) as error:
             self.lost = error  # the checks may swallow it: the run ends when the judge returns
             raise remote.RemoteError(f"the student's process did not answer ({error})") from None
+        cpu = reply.get("cpu")
+        self.probe_cpu += min(max(float(cpu), 0.0), 3600.0) if isinstance(cpu, (int, float)) else 0.0
         return remote.result(reply.get("answer"), buffers)
 
     def _judging(self, message: dict, buffers: list[bytes], expected: str) -> tuple[dict, list[bytes]]:

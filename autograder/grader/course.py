@@ -7,6 +7,7 @@ assignment, write the status files and, if asked, nbgrader's feedback.
 """
 from __future__ import annotations
 
+import time
 from contextlib import closing
 from pathlib import Path
 
@@ -14,12 +15,12 @@ from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.coursedir import CourseDirectory
 from nbgrader.plugins.export import CsvExportPlugin
 from rich.console import Console
+from sqlalchemy.exc import OperationalError
 from traitlets.config import Config
-from traitlets.config.loader import PyFileConfigLoader
 
 from .verdicts import Judge, warm
-from . import discover, feedback, report, results, speedups
-from .grade import GradingError
+from . import discover, feedback, progress, report, results, speedups, untrusted
+from .preflight import FAILED, GradingError
 from .pool import Pool
 from .records import Options, Program
 from .prepare import Preparer, Rejected
@@ -29,25 +30,13 @@ REPORTS = "reports"  # per-assignment plots and status files, in the course root
 GRADES_CSV = "grades.csv"  # nbgrader export's default name
 
 
-def load_config(options: Options) -> Config:
-    """The course's nbgrader_config.py, as `nbgrader` run from the course root would read it."""
-    config = Config()
-    if (options.root / "nbgrader_config.py").exists():
-        config = PyFileConfigLoader("nbgrader_config.py", path=str(options.root)).load_config()
-    config.CourseDirectory.root = str(options.root)
-    if options.db_url:
-        config.CourseDirectory.db_url = options.db_url
-    return config
-
-
-def grade(options: Options, pool: Pool, console: Console) -> tuple[list[report.Outcome], list[discover.Submission]]:
+def grade(options: Options, config: Config, pool: Pool, console: Console) -> tuple[list[report.Outcome], list[discover.Submission]]:
     """Grade what `options` asks for with `pool`'s workers; (outcomes, submissions skipped as done)."""
     with speedups.applied():
-        return _grade(options, pool, console)
+        return _grade(options, config, pool, console)
 
 
-def _grade(options: Options, pool: Pool, console: Console) -> tuple[list[report.Outcome], list[discover.Submission]]:
-    config = load_config(options)
+def _grade(options: Options, config: Config, pool: Pool, console: Console) -> tuple[list[report.Outcome], list[discover.Submission]]:
     coursedir = CourseDirectory(config=config)
     submissions = discover.find(coursedir, options.assignments, options.students)
     if not submissions:
@@ -66,14 +55,18 @@ def _grade(options: Options, pool: Pool, console: Console) -> tuple[list[report.
             modules = preparer.imports({s.assignment: known[s.assignment] for s in todo})
             pool.preload(modules)
             warm(modules)
-            outcomes = _grade_all(todo, known, pool, preparer, writer, console)
+            outcomes = _grade_all(todo, known, pool, preparer, writer, console, options.limits)
     pool.close()  # the workers' memory and CPU go to what follows
     _export(coursedir, config, {s.assignment for s in submissions})
     graded = sorted({o.submission.assignment for o in outcomes})
-    if options.feedback and graded:
-        console.print("Generating feedback (nbgrader generate_feedback, hidden tests cleared) ...")
-        for assignment in feedback.generate(coursedir, config, graded):
+    if options.feedback:  # graded now or before: feedback is for every submission that has none up to date
+        wanted = sorted({s.assignment for s in submissions})
+        console.print(f"Generating feedback for {', '.join(wanted)} (nbgrader generate_feedback, hidden tests cleared) ...")
+        for assignment in feedback.generate(coursedir, config, wanted):
             console.print(f"[bold red]feedback failed for some submissions of {assignment}[/]")
+        written = sum(1 for s in submissions if any(Path(coursedir.format_path(
+            coursedir.feedback_directory, s.student, s.assignment)).glob("*.html")))
+        console.print(f"Feedback: {written} of {len(submissions)} submissions have theirs in {coursedir.feedback_directory}/.")
     for assignment in graded:
         report.write_status(
             [o for o in outcomes if o.submission.assignment == assignment],
@@ -99,47 +92,82 @@ def _known_notebooks(coursedir: CourseDirectory, assignments: set[str]) -> dict[
 AHEAD = 2  # submissions prepared and queued per worker, so no worker waits for the grader
 
 
-def _grade_all(todo, known, pool, preparer, writer, console) -> list[report.Outcome]:
+def _grade_all(todo, known, pool, preparer, writer, console, limits) -> list[report.Outcome]:
     """Prepare, run and save, interleaved: this thread prepares and saves in turn, while the
     pool's threads run and judge."""
     waiting = iter(todo)
-    running: dict[str, tuple[discover.Submission, list]] = {}  # key -> (submission, [(path, Prepared | reason)])
+    running: dict[str, tuple[discover.Submission, list]] = {}  # key -> (submission, [NotebookResult | Prepared])
+    spent: dict[str, float] = {}  # key -> CPU seconds preparing it
     outcomes = []
-    with report.progress(console) as bar:
-        task = bar.add_task("", total=len(todo))
+    limit = 2 * limits.timeout * max(len(known[s.assignment]) for s in todo)  # its notebooks, and judging them
+    with progress.Tracker(console, len(todo), pool.size, limit, pool.running) as tracker:
         while True:
             while len(running) < AHEAD * pool.size and (submission := next(waiting, None)) is not None:
-                items = _prepare(submission, known[submission.assignment], preparer, console)
+                cpu = time.thread_time()
+                items = _prepare(submission, known[submission.assignment], preparer, writer.coursedir.ignore)
+                spent[submission.key] = time.thread_time() - cpu
                 running[submission.key] = (submission, items)
-                files = {name: path.read_bytes() for name, path in submission.extra_files.items()}
                 pool.submit(submission.key, [
-                    Program(p.code_cells(), files, Judge(p.nb.cells)) for _, p in items if not isinstance(p, str)
+                    Program(p.code_cells(), submission.contents, Judge(p.nb.cells)) for p in items
+                    if not isinstance(p, results.NotebookResult)
                 ])
             if not running:
                 return outcomes
             key, runs = pool.result()
             submission, items = running.pop(key)
+            took = sum(r.seconds for r in runs)
             queue = iter(runs)
-            notebook_results = [
-                results.rejected(path, item) if isinstance(item, str) else results.graded(item, next(queue), path)
-                for path, item in items
-            ]
-            writer.save(submission, notebook_results)
-            outcomes.append(_outcome(submission, notebook_results))
-            bar.update(task, advance=1, description=key)
+            notebook_results = [item if isinstance(item, results.NotebookResult) else results.graded(item, next(queue))
+                                for item in items]
+            for result in notebook_results:  # what of the submission was not used: a person should know
+                result.problems += [f"{reason}: not used" for _, reason in submission.refused]
+            outcome = _outcome(submission, notebook_results)
+            cpu = time.thread_time()
+            try:
+                writer.save(submission, notebook_results)
+            except OperationalError as error:  # the gradebook is locked or gone: this one waits for a rerun
+                outcome.status, outcome.saved = "failed", False
+                outcome.problems.append(f"not saved: the gradebook could not be written ({_first_line(error)}); "
+                                        "run `autograder grade` again to grade it")
+            except OSError as error:
+                raise GradingError(f"stopped while saving {key}: {error.strerror} ({error.filename}); what was saved "
+                                   "before stays saved: free the disk or fix the folder, and run again", FAILED) from None
+            outcome.engine_cpu += spent.pop(key) + time.thread_time() - cpu
+            outcomes.append(outcome)
+            tracker.update(took)
 
 
-def _prepare(submission, known: set[str], preparer: Preparer, console) -> list:
-    items = []
-    for path in submission.notebooks:
-        if path.stem not in known:
-            console.print(f"skipping {path}: no notebook '{path.stem}' in assignment '{submission.assignment}'")
+def _prepare(submission: discover.Submission, known: set[str], preparer: Preparer, ignore: list[str]) -> list:
+    """Each notebook of the submission, ready to run (Prepared), or its result already
+    (NotebookResult): refused, unreadable or ungradable."""
+    if submission.unusable is not None:
+        return [results.rejected(name, f"not graded: {submission.unusable}") for name in sorted(known)]
+    submission.contents = submission.files(ignore)
+    items: list = []
+    for entry, reason in list(submission.refused):
+        name = entry.removesuffix(".ipynb")
+        if "/" not in entry and entry.endswith(".ipynb") and name in known:  # the notebook itself
+            items.append(results.rejected(name, f"not graded: {reason}"))
+            submission.refused.remove((entry, reason))
+    for filename in submission.notebooks:
+        name = filename.removesuffix(".ipynb")
+        if name not in known:
+            submission.refused.append((filename, f"'{filename}' is not a notebook of {submission.assignment}"))
             continue
         try:
-            items.append((path, preparer.prepare(path, submission.student, submission.assignment)))
+            data = submission.read(filename)
+        except untrusted.Refused as refused:
+            items.append(results.rejected(name, f"not graded: {refused}"))
+            continue
+        try:
+            items.append(preparer.prepare(name, data, submission.student, submission.assignment))
         except Rejected as error:
-            items.append((path, str(error)))
+            items.append(results.rejected(name, str(error), data))
     return items
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
 
 
 def _outcome(submission, notebook_results) -> report.Outcome:
@@ -149,7 +177,7 @@ def _outcome(submission, notebook_results) -> report.Outcome:
     return report.Outcome(
         submission, "failed" if failed else "flagged" if problems else "graded", problems,
         sum(r.seconds for r in runs), sum(r.code_seconds for r in runs), sum(r.code_cpu for r in runs),
-        sum(r.judge_cpu for r in runs),
+        sum(r.judge_cpu + r.probe_cpu for r in runs), sum(max(r.cpu - r.code_cpu - r.probe_cpu, 0.0) for r in runs),
     )
 
 

@@ -1,14 +1,29 @@
-"""Find the submissions to grade in nbgrader's submitted/ tree."""
+"""Find the submissions to grade in nbgrader's submitted/ tree, as untrusted files.
+
+Every folder under submitted/ is a student's (names starting with a dot included: none is
+skipped without a word), and every folder in it an assignment. What the folders hold is
+listed without following anything (:mod:`.untrusted`): a notebook or file that is a
+symbolic link, a FIFO, a device or a directory is refused with the reason, and a student
+or assignment folder that is a link makes the whole submission ungradable (it is recorded
+as such, with zero points and a flag).
+"""
 from __future__ import annotations
 
-import glob
+import fnmatch
 import os
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
 from nbgrader.coursedir import CourseDirectory
-from nbgrader.utils import find_all_files
+from nbgrader.utils import find_all_files, parse_utc
+
+from . import untrusted
+
+NOTEBOOK_BYTES = 50 << 20  # a submitted notebook larger than this is not read
+FILE_BYTES = 64 << 20  # any other file
+FILES_BYTES = 256 << 20  # all of a submission's other files together
+TIMESTAMP = "timestamp.txt"
 
 
 @dataclass
@@ -17,41 +32,111 @@ class Submission:
 
     student: str
     assignment: str
-    folder: Path
-    timestamp: datetime | None
-    notebooks: list[Path]
-    extra_files: dict[str, Path] = field(default_factory=dict)  # other files, as nbgrader copies them
+    root: str  # the submitted/ folder: paths are read from it, component by component
+    source: Path  # the assignment's source folder (the instructor's files, trusted)
+    timestamp: datetime | None = None
+    notebooks: list[str] = field(default_factory=list)  # names of the notebooks handed in
+    extra: list[str] = field(default_factory=list)  # the student's other files, relative paths
+    refused: list[tuple[str, str]] = field(default_factory=list)  # (entry, why it was not used)
+    unusable: str | None = None  # why nothing of it can be graded
+    contents: dict[str, bytes] = field(default_factory=dict)  # its other files, once read (see files)
 
     @property
     def key(self) -> str:
         return f"{self.assignment}/{self.student}"
 
+    @property
+    def folder(self) -> Path:
+        return Path(self.root) / self.student / self.assignment
 
-def find(coursedir: CourseDirectory, assignments: list[str], students: list[str]) -> list[Submission]:
+    def read(self, relative: str, limit: int = NOTEBOOK_BYTES) -> bytes:
+        """A file of the submission (raises untrusted.Refused)."""
+        return untrusted.read(self.root, f"{self.student}/{self.assignment}/{relative}", limit)
+
+    def files(self, ignore: list[str]) -> dict[str, bytes]:
+        """The files that go beside its notebooks, as nbgrader copies them: the student's,
+        then the instructor's (which win). A student's file that cannot be used is added to
+        `refused`."""
+        found: dict[str, bytes] = {}
+        total = 0
+        for relative in self.extra:
+            try:
+                data = self.read(relative, FILE_BYTES)
+            except untrusted.Refused as refused:
+                self.refused.append((relative, str(refused)))
+                continue
+            total += len(data)
+            if total > FILES_BYTES:
+                self.refused.append((relative, f"'{relative}' and the files after it: more than {FILES_BYTES >> 20} MiB in all"))
+                break
+            found[relative] = data
+        if self.source.is_dir():
+            for path in find_all_files(str(self.source), ignore + ["*.ipynb"]):
+                found[os.path.relpath(path, self.source)] = Path(path).read_bytes()
+        return found
+
+
+def students(coursedir: CourseDirectory) -> list[str]:
+    """Every folder name in submitted/, hidden ones too."""
+    root = Path(coursedir.format_path(coursedir.submitted_directory, ".", ".")).resolve()
+    if not root.is_dir():
+        return []
+    return sorted(entry.name for entry in os.scandir(root) if not entry.name.startswith(".ipynb_checkpoints"))
+
+
+def find(coursedir: CourseDirectory, assignments: list[str], only: list[str]) -> list[Submission]:
     """Submissions of the given assignments and students (empty lists: all), sorted."""
+    root = str(Path(coursedir.format_path(coursedir.submitted_directory, ".", ".")).resolve())
     found = []
-    for assignment in assignments or ["*"]:
-        for student in students or ["*"]:
-            pattern = coursedir.format_path(coursedir.submitted_directory, student, assignment)
-            for folder in sorted(glob.glob(pattern)):
-                if os.path.isdir(folder):
-                    found.append(_submission(coursedir, Path(folder)))
-    unique = {s.key: s for s in found}
-    return sorted(unique.values(), key=lambda s: (s.assignment, s.student))
+    for student in only or students(coursedir):
+        try:
+            with untrusted.folder(root, (student,)) as fd:
+                handed_in = sorted(e.name for e in os.scandir(fd) if (not assignments or e.name in assignments)
+                                   and (e.is_dir(follow_symlinks=False) or e.is_symlink()))
+        except untrusted.Refused as refused:
+            handed_in = assignments or []
+            reason = f"the student's folder {refused}"
+        except FileNotFoundError:
+            continue
+        else:
+            reason = None
+        for assignment in handed_in:
+            found.append(_submission(coursedir, root, student, assignment, reason))
+    return sorted(found, key=lambda s: (s.assignment, s.student))
 
 
-def _submission(coursedir: CourseDirectory, folder: Path) -> Submission:
-    assignment, student = folder.name, folder.parent.name
+def _submission(coursedir: CourseDirectory, root: str, student: str, assignment: str, reason: str | None) -> Submission:
     source = Path(coursedir.format_path(coursedir.source_directory, ".", assignment))
-    extra: dict[str, Path] = {}
-    for base in (folder, source):  # the instructor's files win, as in nbgrader autograde
-        if base.is_dir():
-            for path in find_all_files(str(base), coursedir.ignore + ["*.ipynb"]):
-                extra[os.path.relpath(path, base)] = Path(path)
-    return Submission(
-        student, assignment, folder, coursedir.get_existing_timestamp(str(folder)),
-        sorted(folder.glob(f"{coursedir.notebook_id}.ipynb")), extra,
-    )
+    submission = Submission(student, assignment, root, source, unusable=reason)
+    if reason is not None:
+        return submission
+    try:
+        files, refused = untrusted.listing(root, (student, assignment))
+    except untrusted.Refused as error:
+        submission.unusable = f"the assignment's folder {error}"
+        return submission
+    pattern = f"{coursedir.notebook_id}.ipynb"
+    for relative in files:
+        if any(fnmatch.fnmatch(part, glob) for part in relative.split("/") for glob in coursedir.ignore):
+            continue
+        if "/" not in relative and fnmatch.fnmatch(relative, pattern):
+            submission.notebooks.append(relative)
+        elif not relative.endswith(".ipynb"):  # timestamp.txt too: kept beside the autograded notebooks
+            submission.extra.append(relative)
+    submission.refused += [(entry, f"'{entry}' is {kind}") for entry, kind in refused]
+    if TIMESTAMP in files:
+        submission.timestamp = _timestamp(submission)
+    return submission
+
+
+def _timestamp(submission: Submission) -> datetime | None:
+    """nbgrader's timestamp.txt (ignored, with a note, when it is not a readable time)."""
+    try:
+        text = submission.read(TIMESTAMP, 1024).decode("utf-8", "replace").strip()
+        return parse_utc(text) if text else None
+    except (untrusted.Refused, ValueError):
+        submission.refused.append((TIMESTAMP, f"'{TIMESTAMP}' is not a time nbgrader can read"))
+        return None
 
 
 def is_done(coursedir: CourseDirectory, submission: Submission) -> bool:

@@ -1,24 +1,26 @@
-"""`autograder grade`: start the warm workers, then grade the course with them.
+"""`autograder grade`: check the course and take it, start the warm workers, then grade
+the course with them.
 
-The workers (torch, IPython and the checks, imported once each) start first and warm
-up while this process loads nbgrader and prepares the first submissions.
+The workers (torch, IPython and the student side, imported once each) start as soon as
+the options and the course are checked, and warm up while this process loads nbgrader
+and prepares the first submissions.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
+from sqlalchemy.exc import OperationalError
 
 from ..isolation import sandbox
+from . import preflight
+from .preflight import FAILED, GradingError
 from .pool import Pool
 from .records import Options
-
-
-class GradingError(Exception):
-    """Grading cannot start (the message says what to do)."""
 
 
 @dataclass
@@ -30,19 +32,36 @@ class Summary:
 
 
 def grade(options: Options, console: Console | None = None) -> Summary:
+    """Raises GradingError (its message is one line for the instructor)."""
     console = console or Console(file=sys.stderr)  # fixed: judges capture sys.stderr while they run
     started = time.monotonic()
+    config = preflight.check(options)
+    lock = preflight.Lock(options.root)
+    try:
+        return _grade(options, config, console, started)
+    finally:
+        lock.release()
+
+
+def _grade(options: Options, config, console: Console, started: float) -> Summary:
+    # nbgrader runs `alembic` by name to set up a gradebook: the environment's own scripts first
+    os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
     # jsonschema (under nbformat) imports the optional rfc3987_syntax where it is installed
     # (JupyterLab brings it), which compiles a grammar: ~1 s, a third of the grader's
     # start-up. Nothing here checks the "iri" formats it adds; marked absent, it is skipped.
     sys.modules.setdefault("rfc3987_syntax", None)
+    console.print(f"Starting {options.jobs} worker{'s' * (options.jobs != 1)} ...")
     isolation = sandbox.probe(options.sandbox, options.root)
     for warning in isolation.warnings():
         console.print(f"[bold red]WARNING[/] {warning}")
     with Pool(options.jobs, isolation, options.root, options.limits) as pool:
         from . import course, report  # nbgrader and nbconvert load while the workers warm up
 
-        outcomes, skipped = course.grade(options, pool, console)
+        try:
+            outcomes, skipped = course.grade(options, config, pool, console)
+        except OperationalError as error:
+            raise GradingError(f"the gradebook could not be used ({str(error).strip().splitlines()[0][:200]}): if "
+                               "formgrader or another program is writing to it, wait and run again", FAILED) from None
     summary = Summary(outcomes, skipped, time.monotonic() - started, isolation)
     console.print(report.summary(outcomes, skipped, summary.seconds, isolation.summary()))
     if any(o.problems for o in outcomes):

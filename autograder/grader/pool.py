@@ -158,6 +158,7 @@ class Worker:
             run.tampering = f"{error} ({where})"
         finally:
             channel.close()
+            run.probe_cpu = conversation.probe_cpu if conversation is not None else 0.0
         if run.failure is not None:
             run.stopped_at = next((i for i, _, _ in program.cells if i not in run.cells), None)
             if not ended:
@@ -231,6 +232,7 @@ class Pool:
         self.runtime = sandbox.runtime_directory()
         self.todo: queue.Queue = queue.Queue()
         self.done: queue.Queue = queue.Queue()
+        self._running: dict[Any, float] = {}
         self.workers, self.threads = [], []
         for k in range(jobs):
             directory = self.runtime / f"worker-{k}"
@@ -257,10 +259,17 @@ class Pool:
     def result(self) -> tuple[Any, list[Run]]:
         return self.done.get()
 
+    def running(self) -> dict[Any, float]:
+        """What the workers run now: key -> when it started (time.monotonic)."""
+        return dict(self._running)
+
     def _serve(self, worker: Worker) -> None:
         while (job := self.todo.get()) is not None:
             key, programs = job
-            self.done.put((key, [self._run(worker, program) for program in programs]))
+            self._running[key] = time.monotonic()
+            runs = [self._run(worker, program) for program in programs]
+            self._running.pop(key, None)
+            self.done.put((key, runs))
 
     def _run(self, worker: Worker, program: Program) -> Run:
         try:

@@ -26,7 +26,6 @@ from traitlets.config import Config
 from .scan import imported, scan
 from .gradebook import Released, lent
 
-MAX_BYTES = 50 << 20  # a submitted notebook larger than this is not read
 QUIET = logging.getLogger("autograder.engine.nbgrader")  # nbgrader's warnings repeat ours less clearly
 QUIET.setLevel(logging.ERROR)
 
@@ -55,11 +54,9 @@ def _label(index: int, cell: NotebookNode) -> str:
     return f"cell {index + 1}" + (f" ({grade_id})" if grade_id else "")
 
 
-def read(path: Path) -> NotebookNode:
-    if path.stat().st_size > MAX_BYTES:
-        raise Rejected(f"the notebook is larger than {MAX_BYTES >> 20} MiB")
+def read(data: bytes) -> NotebookNode:
     try:
-        nb = nbformat.reads(path.read_text(encoding="utf-8"), as_version=4)
+        nb = nbformat.reads(data.decode("utf-8"), as_version=4)
     except UnicodeDecodeError:
         raise Rejected("the file is not UTF-8 text") from None
     except Exception as error:  # nbformat raises many kinds: not JSON, unknown version, missing keys
@@ -134,10 +131,9 @@ class Preparer:
             for cls in Autograde(config=config).sanitize_preprocessors
         ]
 
-    def prepare(self, path: Path, student: str, assignment: str) -> Prepared:
+    def prepare(self, name: str, data: bytes, student: str, assignment: str) -> Prepared:
         """Raises Rejected when the notebook cannot be graded automatically."""
-        name = path.stem
-        nb = read(path)
+        nb = read(data)
         flags = tampering(nb, self.gradebook, name, assignment) + edited(nb, self._given(assignment, name))
         known = {cell.name for cell in self.gradebook.find_notebook(name, assignment).source_cells}
         for cell in nb.cells:  # a renamed cell is the student's own: it runs, ungraded
@@ -173,7 +169,7 @@ class Preparer:
         read once per run."""
         if (assignment, name) not in self.given:
             try:
-                self.given[assignment, name] = read(self.released / assignment / f"{name}.ipynb").cells
+                self.given[assignment, name] = read((self.released / assignment / f"{name}.ipynb").read_bytes()).cells
             except (OSError, Rejected):
                 self.given[assignment, name] = []
         return self.given[assignment, name]

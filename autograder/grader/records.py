@@ -75,6 +75,7 @@ class Run:
     seconds: float = 0.0  # wall time, from fork to exit
     cpu: float = 0.0  # CPU seconds of the child
     judge_cpu: float = 0.0  # CPU seconds the grader spent running its test cells
+    probe_cpu: float = 0.0  # CPU seconds the child spent answering them (as it says: statistics only)
     maxrss: int = 0  # peak resident memory of the child, KiB
 
     @property

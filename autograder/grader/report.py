@@ -10,8 +10,6 @@ from pathlib import Path
 import nbformat
 from nbgrader import utils
 from nbgrader.api import Gradebook, MissingEntry
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from .discover import Submission
@@ -27,15 +25,10 @@ class Outcome:
     seconds: float = 0.0  # wall time of its notebooks' runs
     code_seconds: float = 0.0  # of which running cells
     code_cpu: float = 0.0  # CPU time of its cells
-    checks_cpu: float = 0.0  # CPU time the grader spent running its test cells
+    checks_cpu: float = 0.0  # CPU time of its test cells: the grader's judging and the child's answers
+    engine_cpu: float = 0.0  # the engine's own CPU for it: preparing, forking, confining, saving
+    saved: bool = True  # its results are in the gradebook and autograded/
     graded_at: datetime = field(default_factory=datetime.now)  # when its results were saved
-
-
-def progress(console: Console) -> Progress:
-    return Progress(
-        TextColumn("[bold]Grading"), BarColumn(), MofNCompleteColumn(), TextColumn("elapsed"), TimeElapsedColumn(),
-        TextColumn("left"), TimeRemainingColumn(), TextColumn("{task.description}"), console=console,
-    )
 
 
 def summary(outcomes: list[Outcome], skipped: list[Submission], seconds: float, isolation: str) -> Table:
@@ -116,7 +109,9 @@ def write_status(outcomes: list[Outcome], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["student", "status", "graded_at", "seconds", "code_seconds", "code_cpu", "checks_cpu", "problems"])
+        writer.writerow(["student", "status", "graded_at", "seconds", "code_seconds", "code_cpu", "checks_cpu",
+                         "engine_cpu", "problems"])
         for o in outcomes:
-            times = (o.graded_at.isoformat(), f"{o.seconds:.3f}", f"{o.code_seconds:.3f}", f"{o.code_cpu:.3f}", f"{o.checks_cpu:.3f}")
+            times = (o.graded_at.isoformat(), f"{o.seconds:.3f}", f"{o.code_seconds:.3f}", f"{o.code_cpu:.3f}",
+                     f"{o.checks_cpu:.3f}", f"{o.engine_cpu:.3f}")
             writer.writerow([o.submission.student, o.status, *times, " | ".join(o.problems)])

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import nbformat
 from nbformat import NotebookNode
@@ -28,8 +27,8 @@ class NotebookResult:
     """One graded notebook, ready to be saved."""
 
     name: str
-    source: Path  # the submitted file
     nb: NotebookNode | None  # the autograded notebook; None when the submission could not be read
+    data: bytes | None = None  # the notebook as handed in, kept when it could not be graded
     problems: list[str] = field(default_factory=list)  # why a human should look at it
     run: Run | None = None
 
@@ -42,7 +41,7 @@ def _error(ename: str, message: str) -> NotebookNode:
     return new_output("error", ename=ename, evalue=message, traceback=[f"{ename}: {message}"])
 
 
-def graded(prepared: Prepared, run: Run, path: Path) -> NotebookResult:
+def graded(prepared: Prepared, run: Run) -> NotebookResult:
     nb = copy.deepcopy(prepared.nb)
     problems = list(prepared.flags)
     try:
@@ -61,7 +60,7 @@ def graded(prepared: Prepared, run: Run, path: Path) -> NotebookResult:
     if problems:
         note = "**Flagged for review by a person.** " + " ".join(f"{p[0].upper()}{p[1:]}." for p in problems)
         nb.cells.insert(0, new_markdown_cell(note))
-    return NotebookResult(prepared.name, path, nb, problems, run)
+    return NotebookResult(prepared.name, nb, None, problems, run)
 
 
 def _tampering(run: Run) -> list[str]:
@@ -87,5 +86,5 @@ def _mark_stopped(nb: NotebookNode, run: Run) -> None:
             cell.outputs = [_error("NotRun", f"not run: the notebook stopped earlier ({run.failure})")]
 
 
-def rejected(path: Path, reason: str) -> NotebookResult:
-    return NotebookResult(path.stem, path, None, [reason])
+def rejected(name: str, reason: str, data: bytes | None = None) -> NotebookResult:
+    return NotebookResult(name, None, data, [reason])

@@ -10,7 +10,6 @@ time and never leaves half of one behind. Feedback made before a regrade is remo
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -24,21 +23,21 @@ from traitlets.config import Config
 
 from . import gradebook
 from .feedback import hide_test_tracebacks
+from . import preflight
 from .discover import Submission
 from .prepare import QUIET
 from .results import NotebookResult
 
-STATE = ".autograder"  # the engine's own working folder in the course root
 
 
 class Writer:
     def __init__(self, coursedir: CourseDirectory, config: Config) -> None:
         self.coursedir, self.config = coursedir, config
         self.root = Path(coursedir.root)
-        self.staging = self.root / STATE
+        self.staging = self.root / preflight.STATE / "staging"
         if self.staging.exists():  # what a killed run left half-made
             rmtree(str(self.staging))
-        self.staging.mkdir()
+        self.staging.mkdir(parents=True)
         self.gradebook = Gradebook(coursedir.db_url, coursedir.course_id)
         self.scorers = [  # nbgrader's autograde step, without executing (that is done already)
             cls(config=config, log=QUIET) for cls in Autograde(config=config).autograde_preprocessors if cls is not Execute
@@ -49,9 +48,9 @@ class Writer:
 
     def save(self, submission: Submission, results: list[NotebookResult]) -> None:
         stage = Path(tempfile.mkdtemp(dir=self.staging))
-        for name, path in submission.extra_files.items():  # timestamp.txt and data files, as nbgrader does
+        for name, data in submission.contents.items():  # timestamp.txt and data files, as nbgrader keeps them
             (stage / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(path, stage / name)
+            (stage / name).write_bytes(data)
         with gradebook.transaction(self.gradebook) as gb:
             gb.update_or_create_student(submission.student)
             timestamp = {"timestamp": submission.timestamp} if submission.timestamp else {}
@@ -59,7 +58,8 @@ class Writer:
             self._zero_missing(gb, submission, {r.name for r in results})
             for result in results:
                 if result.nb is None:  # unreadable: kept as it came for a person, under a name nbgrader skips
-                    shutil.copy(result.source, stage / f"{result.source.name}.unreadable")
+                    if result.data is not None:
+                        (stage / f"{result.name}.ipynb.unreadable").write_bytes(result.data)
                 else:
                     resources = self._resources(submission, result.name)
                     nb = result.nb

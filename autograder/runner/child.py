@@ -94,6 +94,7 @@ def _probe(channel: Channel, shell: InteractiveShell, answer_request: Callable, 
             raise probe.Refused(str(answer.get("error") if isinstance(answer, dict) else answer))
         return answer["value"]
 
+    started = time.process_time()
     asking_over(ask)
     try:
         answer, answer_buffers = answer_request(shell.user_ns, request.get("request"), buffers)
@@ -105,4 +106,4 @@ def _probe(channel: Channel, shell: InteractiveShell, answer_request: Callable, 
         answer, answer_buffers = wire.encode({"error": f"the answer has more than {ANSWER_LIMIT >> 20} MiB of tensors",
                                               "type": "ValueError"})
     kernel.RECORDER.take()  # what the student's code printed while probed belongs to no cell
-    return {"op": "answer", "answer": answer}, answer_buffers
+    return {"op": "answer", "answer": answer, "cpu": time.process_time() - started}, answer_buffers
