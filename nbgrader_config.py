@@ -27,3 +27,11 @@ c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.ClearHiddenTests",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
 ]
+
+# `nbgrader zip_collect ASSIGNMENT`: a submission made with `hand_in()` (autograder/student/
+# handin.py) is a zip of STUDENT/ASSIGNMENT/ASSIGNMENT.ipynb; put the zips (as your LMS
+# downloads them, renamed or not) in downloaded/ASSIGNMENT/archive/. The student id is the
+# folder inside the zip, the notebook its file.
+c.FileNameCollectorPlugin.named_regexp = (
+    r".*/(?P<student_id>[A-Za-z0-9][A-Za-z0-9_.-]*)/\d\d_[a-z0-9_]+/(?P<file_id>[^/]+\.ipynb)$"
+)

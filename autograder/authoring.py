@@ -18,14 +18,21 @@ from nbformat import NotebookNode
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository checkout
 SOLUTIONS = "solutions"
+STUDENT_DISTRIBUTION = "autograd-course-student"  # the package `make publish` builds (autograder/publish.py)
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 
 SETUP_CELL = '''\
 # Setup: run this cell first. It works in JupyterLab, in Google Colab and under nbgrader.
 import sys
 
-if "google.colab" in sys.modules:  # Colab: install the course's checks, keep Colab's own torch
-    %pip install --quiet --no-deps "autograd-course @ git+{url}" torchviz==0.0.3
+if "google.colab" in sys.modules:  # Colab: install the course's checks; Colab's own torch stays
+    import importlib, subprocess
+    course = "{package} @ git+{url}"
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", course], capture_output=True, text=True)
+    if pip.returncode != 0:
+        raise RuntimeError("Could not install the course's checks, so this notebook cannot run. Is the "
+                           "runtime online? Then run this cell again. pip said:\\n" + pip.stderr[-2000:])
+    importlib.invalidate_caches()
 from autograder.student import setup
 
 setup()'''
@@ -40,8 +47,17 @@ def repository_url(root: Path = ROOT) -> str:
         return tomllib.load(f)["project"]["urls"]["Repository"]
 
 
+def student_repository(root: Path = ROOT) -> str:
+    """The public repository students install from (`make publish` builds its content):
+    `[tool.autograd-course] student-repository` in pyproject.toml."""
+    with open(root / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["tool"]["autograd-course"]["student-repository"]
+
+
 def setup_source(root: Path = ROOT) -> str:
-    return SETUP_CELL.format(url=repository_url(root))
+    """The first code cell of every notebook. In Colab it installs the student package
+    (with pip in a subprocess: nothing asks for a restart, and a failure says why)."""
+    return SETUP_CELL.format(package=STUDENT_DISTRIBUTION, url=student_repository(root))
 
 
 def assignments(root: Path = ROOT) -> list[str]:
@@ -180,8 +196,10 @@ def use_this_environment() -> None:
         os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
 
 
-def release(root: Path = ROOT, release_dir: Path | None = None, db_url: str | None = None) -> None:
-    """Run nbgrader's generate_assignment for every notebook (stock nbgrader, in-process).
+def release(root: Path = ROOT, release_dir: Path | None = None, db_url: str | None = None,
+            slugs: list[str] | None = None) -> None:
+    """Run nbgrader's generate_assignment for every notebook, or for `slugs` only (stock
+    nbgrader, in-process).
 
     By default this writes course/ and the gradebook, as `nbgrader generate_assignment`
     from the root would; tests pass another `release_dir` and a throwaway `db_url`.
@@ -197,7 +215,7 @@ def release(root: Path = ROOT, release_dir: Path | None = None, db_url: str | No
         config.CourseDirectory.db_url = db_url
     config.Application.log_level = "WARN"
     use_this_environment()
-    for slug in assignments(root):
+    for slug in assignments(root) if slugs is None else slugs:
         config.CourseDirectory.assignment_id = slug
         coursedir = CourseDirectory(config=config)
         app = GenerateAssignment(coursedir=coursedir, config=config)

@@ -24,7 +24,7 @@ from pathlib import Path
 from . import authoring
 
 STUDENT_PACKAGES = ("student", "checks", "exercises")  # subpackages of `autograder` students get
-DISTRIBUTION = "autograd-course-student"
+DISTRIBUTION = authoring.STUDENT_DISTRIBUTION
 # What the student side imports besides the standard library. No upper bound on torch: in
 # Colab, pip keeps the preinstalled torch whenever it satisfies this (it always has).
 DEPENDENCIES = ["torch>=2.4", "torchviz==0.0.3", "graphviz>=0.20", "setuptools>=68"]
@@ -105,9 +105,7 @@ def _config(root: Path) -> dict:
         return tomllib.load(f)
 
 
-def student_repository(root: Path = authoring.ROOT) -> str:
-    """The public repository students install from: `[tool.autograd-course] student-repository`."""
-    return _config(root)["tool"]["autograd-course"]["student-repository"]
+student_repository = authoring.student_repository
 
 
 def _colab_link(repository: str, slug: str) -> str:

@@ -1,0 +1,151 @@
+"""Hand in a notebook from Colab or from any Jupyter: one call writes a submission file.
+
+    from autograder.student.handin import hand_in
+    hand_in("alice")
+
+writes `alice__03_function_basics.zip` beside the notebook (in Colab: in the runtime, and
+downloads it). The zip holds the notebook where nbgrader expects it:
+
+    alice/03_function_basics/03_function_basics.ipynb
+    alice/03_function_basics/timestamp.txt
+
+so an instructor either unzips it into `submitted/` (`unzip -o alice__03_function_basics.zip
+-d submitted`) or puts every student's zip (as an LMS downloads them) in
+`downloaded/03_function_basics/archive/` and runs `nbgrader zip_collect 03_function_basics`
+(the course's nbgrader_config.py tells zip_collect where the student id and the notebook
+are). Nothing is graded here: this only packs the notebook as it is.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import zipfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # what nbgrader's folders and zip_collect accept
+ASSIGNMENT = re.compile(r"(\d\d_[a-z0-9_]+?)(?: \(\d+\))?\.ipynb$")  # also "Copy of 03_x.ipynb", "03_x (1).ipynb"
+STUB = "raise NotImplementedError"  # what an answer cell holds until it is answered
+
+
+class HandInError(Exception):
+    """Why nothing was handed in (the message says what to do)."""
+
+
+def hand_in(student: str, assignment: str | None = None, *, notebook: str | os.PathLike | None = None,
+            to: str | os.PathLike | None = None, download: bool = True) -> Path | None:
+    """Write `STUDENT__ASSIGNMENT.zip`, the submission of this notebook, and return its path.
+
+    `student`: your student id, as your instructor gave it (letters, digits, `_ . -`).
+    `assignment`: e.g. "03_function_basics"; found from the notebook's name when omitted.
+    `notebook`: the .ipynb to hand in; by default the notebook this kernel runs (in
+    Jupyter the file as last saved, so save first; in Colab the notebook as it is now).
+    `to`: the folder to write to (default: beside the notebook, or the current folder).
+    In Colab the file is also downloaded unless `download=False`. While the notebook is
+    being graded (nbgrader sets NBGRADER_EXECUTION) it does nothing and returns None.
+    """
+    if os.environ.get("NBGRADER_EXECUTION"):
+        print("(hand_in does nothing while the notebook is graded or validated)")
+        return None
+    if not isinstance(student, str) or not STUDENT_ID.match(student):
+        raise HandInError(f"{student!r} is not a student id: use letters, digits, '_', '.' or '-' (e.g. 'alice_92').")
+    nb, name, folder = _this_notebook(notebook)
+    assignment = assignment or _assignment_of(name)
+    if assignment is None:
+        raise HandInError(f"cannot tell which assignment {name or 'this notebook'!r} is: call "
+                          f"hand_in({student!r}, assignment=\"03_function_basics\") with its name.")
+    _check_course_notebook(nb)
+    when = datetime.now(timezone.utc)
+    out = Path(to) if to is not None else folder
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{student}__{assignment}.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        inside = f"{student}/{assignment}"
+        archive.writestr(f"{inside}/{assignment}.ipynb", json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+        archive.writestr(f"{inside}/timestamp.txt", when.strftime("%Y-%m-%d %H:%M:%S.%f %Z"))
+    unanswered = _unanswered(nb)
+    print(f"Handed in {assignment} for {student}: {path} ({when:%Y-%m-%d %H:%M} UTC).")
+    if unanswered:
+        print(f"Note: {len(unanswered)} answer cell(s) still raise NotImplementedError: {', '.join(unanswered)}.")
+    if _in_colab() and download:
+        from google.colab import files  # type: ignore[import-not-found]
+
+        files.download(str(path))
+        print("Your browser downloads it now: upload that file where your instructor asks.")
+    else:
+        print("Upload that file where your instructor asks.")
+    return path
+
+
+def _in_colab() -> bool:
+    return "google.colab" in sys.modules
+
+
+def _this_notebook(notebook: str | os.PathLike | None) -> tuple[dict, str | None, Path]:
+    """(notebook JSON, its file name if known, the folder to write to)."""
+    if notebook is not None:
+        path = Path(notebook)
+        return _read(path), path.name, path.resolve().parent
+    if _in_colab():
+        from google.colab import _message  # type: ignore[import-not-found]
+
+        nb = _message.blocking_request("get_ipynb", timeout_sec=60)["ipynb"]
+        name = nb.get("metadata", {}).get("colab", {}).get("name")  # Colab keeps the file name there
+        return nb, name, Path.cwd()
+    path = _kernel_notebook()
+    if path is None:
+        raise HandInError("cannot find this notebook's file: call hand_in(..., notebook=\"path/to/notebook.ipynb\").")
+    return _read(path), path.name, path.parent
+
+
+def _kernel_notebook() -> Path | None:
+    """The file this Jupyter kernel's notebook was opened from (ipykernel's `__session__`,
+    set from the server's JPY_SESSION_NAME: a full path, or one relative to the server's root)."""
+    names = []
+    try:
+        names.append(get_ipython().user_ns.get("__session__"))  # type: ignore[name-defined]  # noqa: F821
+    except NameError:
+        pass
+    names.append(os.environ.get("JPY_SESSION_NAME"))
+    for name in filter(None, names):
+        path = Path(name)
+        for candidate in (path, Path.cwd() / path.name):  # the kernel runs in the notebook's folder
+            if candidate.suffix == ".ipynb" and candidate.is_file():
+                return candidate.resolve()
+    return None
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise HandInError(f"cannot read {path}: {error}") from None
+
+
+def _assignment_of(name: str | None) -> str | None:
+    found = ASSIGNMENT.search(name or "")
+    return found.group(1) if found else None
+
+
+def _cells(nb: dict) -> list[dict]:
+    return [c for c in nb.get("cells", []) if isinstance(c, dict)]
+
+
+def _source(cell: dict) -> str:
+    source = cell.get("source", "")
+    return "".join(source) if isinstance(source, list) else str(source)
+
+
+def _check_course_notebook(nb: dict) -> None:
+    graded = [c for c in _cells(nb) if c.get("metadata", {}).get("nbgrader")]
+    if not graded:
+        raise HandInError("this notebook has none of the course's cells (their nbgrader metadata is gone): hand in "
+                          "the notebook you opened from the course, with your answers in its answer cells.")
+
+
+def _unanswered(nb: dict) -> list[str]:
+    return [c["metadata"]["nbgrader"].get("grade_id", "?") for c in _cells(nb)
+            if c.get("metadata", {}).get("nbgrader", {}).get("solution") and STUB in _source(c)]
+

@@ -1,0 +1,94 @@
+"""hand_in(): one call writes a submission an instructor drops into submitted/ or collects
+with `nbgrader zip_collect`."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import types
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from autograder import authoring
+from autograder.student import handin
+
+SLUG = "03_function_basics"
+
+
+def _released(tmp_path: Path, name: str = f"{SLUG}.ipynb") -> Path:
+    path = tmp_path / name
+    shutil.copy(authoring.ROOT / "course" / SLUG / f"{SLUG}.ipynb", path)
+    return path
+
+
+def test_hand_in_writes_the_notebook_where_nbgrader_expects_it(tmp_path, capsys):
+    path = handin.hand_in("alice_92", notebook=_released(tmp_path))
+    assert path == tmp_path / f"alice_92__{SLUG}.zip"
+    names = zipfile.ZipFile(path).namelist()
+    assert names == [f"alice_92/{SLUG}/{SLUG}.ipynb", f"alice_92/{SLUG}/timestamp.txt"]
+    inside = json.loads(zipfile.ZipFile(path).read(names[0]))
+    assert inside == json.loads((tmp_path / f"{SLUG}.ipynb").read_text())
+    printed = capsys.readouterr().out
+    assert f"Handed in {SLUG} for alice_92" in printed and "still raise NotImplementedError" in printed
+
+
+def test_the_assignment_comes_from_the_notebook_name_even_a_copy(tmp_path):
+    path = handin.hand_in("bob", notebook=_released(tmp_path, f"Copy of {SLUG} (1).ipynb"), to=tmp_path / "out")
+    assert path.name == f"bob__{SLUG}.zip" and path.parent == tmp_path / "out"
+
+
+def test_bad_student_ids_unknown_names_and_foreign_notebooks_say_what_to_do(tmp_path):
+    with pytest.raises(handin.HandInError, match="not a student id"):
+        handin.hand_in("alice smith", notebook=_released(tmp_path))
+    with pytest.raises(handin.HandInError, match="assignment="):
+        handin.hand_in("alice", notebook=_released(tmp_path, "homework.ipynb"))
+    (tmp_path / "mine.ipynb").write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    with pytest.raises(handin.HandInError, match="none of the course's cells"):
+        handin.hand_in("alice", SLUG, notebook=tmp_path / "mine.ipynb")
+
+
+def test_in_colab_it_hands_in_the_open_notebook_and_downloads_it(tmp_path, monkeypatch):
+    nb = json.loads(_released(tmp_path).read_text())
+    nb["metadata"]["colab"] = {"name": f"Copy of {SLUG}.ipynb"}
+    downloaded = []
+    google = types.ModuleType("google")
+    colab = types.ModuleType("google.colab")
+    colab._message = types.SimpleNamespace(blocking_request=lambda kind, timeout_sec: {"ipynb": nb})
+    colab.files = types.SimpleNamespace(download=downloaded.append)
+    google.colab = colab
+    monkeypatch.setitem(sys.modules, "google", google)
+    monkeypatch.setitem(sys.modules, "google.colab", colab)
+    monkeypatch.chdir(tmp_path)
+    path = handin.hand_in("carol")
+    assert downloaded == [str(path)] and path == tmp_path / f"carol__{SLUG}.zip"
+
+
+def test_while_grading_it_does_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    assert handin.hand_in("alice", notebook=_released(tmp_path)) is None
+    assert not list(tmp_path.glob("*.zip"))
+
+
+@pytest.mark.slow
+def test_zip_collect_and_unzip_put_handed_in_notebooks_into_submitted(tmp_path):
+    from grading import Course
+
+    (tmp_path / "course").mkdir()
+    course = Course(tmp_path / "course", [SLUG])
+    archive = course.root / "downloaded" / SLUG / "archive"
+    archive.mkdir(parents=True)
+    for student in ("alice", "bob"):
+        zipped = handin.hand_in(student, notebook=course.root / "course" / SLUG / f"{SLUG}.ipynb", to=tmp_path)
+        shutil.copy(zipped, archive / f"{student}_1234_5678_{zipped.name}")  # renamed as an LMS does
+    nbgrader = Path(sys.executable).with_name("nbgrader")
+    done = subprocess.run([str(nbgrader), "zip_collect", SLUG], cwd=course.root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    for student in ("alice", "bob"):
+        assert (course.root / "submitted" / student / SLUG / f"{SLUG}.ipynb").is_file(), done.stderr
+    # Or unzipped by hand into submitted/: the same place, with nbgrader's timestamp.txt.
+    with zipfile.ZipFile(tmp_path / f"alice__{SLUG}.zip") as zipped:
+        zipped.extractall(tmp_path / "submitted")
+    assert (tmp_path / "submitted" / "alice" / SLUG / "timestamp.txt").read_text().endswith("UTC")
