@@ -3,8 +3,8 @@
 `draw` wraps `torchviz.make_dot` so that a notebook can rely on it:
 
 - nothing reaches stderr (torchviz 0.0.3 warns about `distutils` on every call);
-- without Graphviz's `dot` program, or without torchviz, it shows the graph as text and
-  says what to install, instead of raising;
+- without Graphviz's `dot` program, torchviz or the `graphviz` Python package, it shows
+  the graph as text and says which to install, instead of raising;
 - after a backward has freed the saved tensors it says so (torchviz raises there);
 - it writes on each custom Function node what that node saved (torchviz draws those
   tensors as unnamed boxes), keeps leaves light blue when they are also saved (torchviz
@@ -32,6 +32,10 @@ INSTALL_DOT = (
     "and restart the kernel."
 )
 INSTALL_TORCHVIZ = "torchviz is not installed, so the graph is shown as text: `pip install torchviz`."
+INSTALL_GRAPHVIZ_PACKAGE = (
+    "The `graphviz` Python package (which torchviz draws with) is not installed, so the graph is "
+    "shown as text: `pip install graphviz`."
+)
 FREED = (
     "Cannot draw this graph: a backward pass has already freed its saved tensors. Draw the graph "
     "before calling `.backward()` or `torch.autograd.grad` (or pass `retain_graph=True` to them)."
@@ -107,8 +111,8 @@ def draw(
     graph = Graph(nodes, text)
     try:
         import torchviz
-    except ImportError:
-        graph.message = INSTALL_TORCHVIZ
+    except ImportError as error:  # torchviz itself, or what it imports (the graphviz package)
+        graph.message = INSTALL_GRAPHVIZ_PACKAGE if error.name == "graphviz" else INSTALL_TORCHVIZ
         return graph
     if any(n.freed for n in nodes):
         graph.message = FREED
