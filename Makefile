@@ -8,19 +8,42 @@ STAMP := $(VENV)/.installed
 # Graphviz's `dot` draws autograd graphs (notebook 07); tests render with it.
 # Bubblewrap sandboxes student code when grading (`make autograde`).
 SYSTEM_TOOLS := dot:graphviz bwrap:bubblewrap
+# The browser tests drive Debian's Chromium with Playwright (no browser download).
+TEST_TOOLS := chromium:chromium
+# A student's own copies of the notebooks (never the tracked course/), and where
+# `make publish` writes the public repository's content.
+WORK ?= work
+PUBLIC ?= public
+ROOT_FLAG = $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
-.PHONY: test lab release autograde bench lock system-tools clean
+.PHONY: test lab instructor release publish autograde bench lock system-tools test-tools clean
 
-test: $(STAMP) system-tools
+test: $(STAMP) system-tools test-tools
 	$(BIN)/python -m pytest
 
-# LAB_ARGS: extra options for jupyter lab, e.g. LAB_ARGS="--no-browser --port=8890".
+# A student's JupyterLab: their own copies in $(WORK)/ (copied from course/ once: later
+# releases add new notebooks and never overwrite a copy), no instructor panels
+# (jupyter/student/). LAB_ARGS: extra options for jupyter lab, e.g. LAB_ARGS="--no-browser --port=8890".
 lab: $(STAMP) system-tools
-	$(BIN)/jupyter lab --ServerApp.root_dir=course $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
+	@mkdir -p $(WORK)
+	@for dir in course/*/; do slug=$$(basename $$dir); \
+	  if [ -e $(WORK)/$$slug ]; then echo "keeping your $(WORK)/$$slug"; \
+	  else cp -r $$dir $(WORK)/$$slug && echo "copied course/$$slug to $(WORK)/$$slug"; fi; done
+	JUPYTER_CONFIG_PATH=$(CURDIR)/jupyter/student $(BIN)/jupyter lab --ServerApp.root_dir=$(WORK) $(ROOT_FLAG) $(LAB_ARGS)
+
+# The instructor's JupyterLab, on the repository root: formgrader (Nbgrader menu →
+# Formgrader) and Create Assignment, on this course's gradebook (jupyter/instructor/).
+instructor: $(STAMP) system-tools
+	JUPYTER_CONFIG_PATH=$(CURDIR)/jupyter/instructor $(BIN)/jupyter lab --ServerApp.root_dir=$(CURDIR) $(ROOT_FLAG) $(LAB_ARGS)
 
 # Regenerate the student notebooks in course/ from solutions/ (stock nbgrader).
 release: $(STAMP)
 	$(BIN)/autograder release
+
+# The public repository's content in $(PUBLIC)/ (a clone of it, or a new folder): the
+# student package and the released notebooks, nothing of solutions/ or the grader.
+publish: release
+	$(BIN)/autograder publish $(PUBLIC)
 
 # Grade submitted/ (all assignments, all students; what is graded already is skipped).
 # Pass options with ARGS, e.g. make autograde ARGS="03_function_basics --student alice --force".
@@ -48,7 +71,14 @@ lock: $(STAMP)
 
 # Install missing system tools with apt-get where possible, else say how to get them.
 system-tools:
-	@for pair in $(SYSTEM_TOOLS); do \
+	$(call install_tools,$(SYSTEM_TOOLS))
+
+test-tools:
+	$(call install_tools,$(TEST_TOOLS))
+
+# $(1): tool:package pairs.
+define install_tools
+	@for pair in $(1); do \
 	  tool=$${pair%%:*}; package=$${pair#*:}; \
 	  command -v $$tool >/dev/null && continue; \
 	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then sudo=""; \
@@ -63,6 +93,7 @@ system-tools:
 	  echo "Installing $$package (for '$$tool') with apt-get"; \
 	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$package >/dev/null || exit 1; \
 	done
+endef
 
 clean:
 	rm -rf $(VENV) .pytest_cache

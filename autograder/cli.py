@@ -89,6 +89,26 @@ def grade(
     os._exit(code)
 
 
+@app.command()
+def publish(
+    out: Path = typer.Argument(Path("public"), help="Folder for the public repository's content (a clone of it, or a new folder)."),
+) -> None:
+    """Write what students get into OUT: the student package and the released notebooks.
+
+    Nothing of solutions/, the hidden tests, the quiz keys or the grader goes there, so OUT
+    can be pushed as the course's public repository while this one stays private. Colab's
+    setup cell installs the student package from that repository
+    (`[tool.autograd-course] student-repository` in pyproject.toml). Run `autograder
+    release` first (`make publish` does): course/ is copied as it is. OUT's files are
+    replaced, its .git is kept.
+    """
+    from . import publish as publishing
+
+    publishing.build(out.resolve())
+    typer.echo(f"{out}/ holds the student package and {len(publishing.released())} notebooks; push it to "
+               f"{publishing.student_repository()}")
+
+
 @app.callback()
 def main() -> None:
     """Instructor tools of the autograd course."""
