@@ -1,32 +1,133 @@
-"""`autograder grade` as an instructor meets it: help, and clear errors before anything runs."""
+"""`autograder grade` as an instructor meets it: help, and one clear line, with the exit code
+it documents, for every wrong invocation and unready course — before any worker starts."""
 from __future__ import annotations
 
+import shutil
+import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
+
+from autograder import authoring
+
 AUTOGRADER = str(Path(sys.executable).with_name("autograder"))
+QUICK = 5.0  # seconds: a refusal comes at once (2 s of our own, the rest Python and imports on a busy machine)
 
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([AUTOGRADER, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
-def test_help_explains_every_option():
+def refused(cwd: Path, *args: str, code: int = 2) -> str:
+    """The one line `autograder grade ARGS` prints, after checking it came at once, with `code`
+    and without a traceback; nothing of the course changed."""
+    before = sorted(p.relative_to(cwd) for p in cwd.rglob("*"))
+    started = time.monotonic()
+    result = run("grade", *args, cwd=cwd)
+    assert time.monotonic() - started < QUICK
+    assert result.returncode == code, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.stderr, result.stderr
+    after = sorted(p.relative_to(cwd) for p in cwd.rglob("*") if ".autograder" not in p.parts)
+    assert after == before
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory) -> Path:
+    """A course with two released assignments and two students' submissions (never graded here)."""
+    from grading import Course
+
+    root = tmp_path_factory.mktemp("course")
+    course = Course(root, ["03_function_basics", "05_gradcheck"])
+    for student in ("alice", "bob"):
+        course.submit(student, "03_function_basics", None)
+    return root
+
+
+def test_help_explains_every_option_and_the_exit_codes():
     result = run("grade", "--help")
     assert result.returncode == 0
     for words in ("--student", "--force", "--jobs", "--timeout", "--memory", "--no-sandbox", "--db", "--course",
-                  "--feedback", "submitted/STUDENT/ASSIGNMENT", "generate_feedback", "flagged"):
+                  "--feedback", "submitted/STUDENT/ASSIGNMENT", "generate_feedback", "flagged", "Exit codes"):
         assert words in result.stdout, words
     assert "release" in run("--help").stdout and "grade" in run("--help").stdout
 
 
-def test_no_submissions_is_a_clear_error(tmp_path):
-    result = run("grade", cwd=tmp_path)
-    assert result.returncode == 2 and "no submissions found" in result.stderr and "zip_collect" in result.stderr
+def test_a_folder_that_is_not_a_course(tmp_path):
+    assert "is not an nbgrader course root" in refused(tmp_path)
 
 
-def test_an_unreleased_assignment_is_a_clear_error(tmp_path):
+def test_a_course_without_submissions(tmp_path):
+    shutil.copy(authoring.ROOT / "nbgrader_config.py", tmp_path)
+    line = refused(tmp_path)
+    assert "no submissions yet" in line and "zip_collect" in line
+
+
+def test_a_fresh_course_says_what_to_run_first_and_makes_no_gradebook(tmp_path):
+    shutil.copy(authoring.ROOT / "nbgrader_config.py", tmp_path)
     (tmp_path / "submitted" / "alice" / "ps1").mkdir(parents=True)
-    result = run("grade", cwd=tmp_path)
-    assert result.returncode == 2 and "'ps1' is not in the gradebook" in result.stderr
+    line = refused(tmp_path)
+    assert "no gradebook yet" in line and "autograder release" in line
+    assert not (tmp_path / "gradebook.db").exists()
+
+
+@pytest.mark.parametrize("option, value", [("--timeout", "-1"), ("--timeout", "0"), ("--memory", "0"), ("--jobs", "0"),
+                                           ("--jobs", "-3")])
+def test_limits_must_be_positive(released, option, value):
+    assert f"{option} must be positive" in refused(released, option, value, "--force", "-s", "alice")
+
+
+def test_an_unknown_assignment_is_named_with_the_known_ones(released):
+    line = refused(released, "03_function_basic")
+    assert "no assignment '03_function_basic'" in line and "03_function_basics, 05_gradcheck" in line
+
+
+def test_an_unknown_student_is_named_with_those_who_handed_in(released):
+    line = refused(released, "-s", "carol")
+    assert "no submissions from 'carol'" in line and "alice, bob" in line
+
+
+def test_a_database_without_its_driver(released):
+    line = refused(released, "--db", "mysql://grader@localhost/course")
+    assert "driver 'MySQLdb'" in line and "not installed" in line
+
+
+def test_a_database_url_that_is_none(released):
+    assert "not a database URL" in refused(released, "--db", "not a url")
+
+
+def test_a_locked_gradebook_is_one_line_and_loses_nothing(released):
+    """formgrader (or anything else) holding the gradebook: the run stops with one line,
+    exit code 4, and the gradebook is as it was."""
+    db = sqlite3.connect(released / "gradebook.db", timeout=0)
+    db.execute("BEGIN EXCLUSIVE")
+    try:
+        result = run("grade", "-s", "alice", "--timeout", "30", cwd=released)
+    finally:
+        db.rollback()
+        db.close()
+    assert result.returncode == 4, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "gradebook could not be used" in errors[0] and "Traceback" not in result.stderr
+    assert not (released / "autograded").exists()
+
+
+def test_a_read_only_course_folder(released, tmp_path):
+    """As root, file modes stop nothing: the course is mounted read-only in a namespace of its own."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    course = tmp_path / "course"
+    shutil.copytree(released, course)
+    shutil.rmtree(course / ".autograder", ignore_errors=True)
+    script = f"mount --bind -o ro {course} {course} && exec {AUTOGRADER} grade -s alice"
+    result = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], cwd=course,
+                            capture_output=True, text=True, timeout=120)
+    if "mount:" in result.stderr:
+        pytest.skip(f"no read-only bind mount here: {result.stderr.strip()}")
+    assert result.returncode == 4, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot write in the course folder" in lines[0]

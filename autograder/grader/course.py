@@ -119,8 +119,6 @@ def _grade_all(todo, known, pool, preparer, writer, console, limits) -> list[rep
             queue = iter(runs)
             notebook_results = [item if isinstance(item, results.NotebookResult) else results.graded(item, next(queue))
                                 for item in items]
-            for result in notebook_results:  # what of the submission was not used: a person should know
-                result.problems += [f"{reason}: not used" for _, reason in submission.refused]
             outcome = _outcome(submission, notebook_results)
             cpu = time.thread_time()
             try:
@@ -163,6 +161,9 @@ def _prepare(submission: discover.Submission, known: set[str], preparer: Prepare
             items.append(preparer.prepare(name, data, submission.student, submission.assignment))
         except Rejected as error:
             items.append(results.rejected(name, str(error), data))
+    unused = [f"{reason}: not used" for _, reason in submission.refused]  # a person should know
+    for item in items:
+        (item.problems if isinstance(item, results.NotebookResult) else item.flags).extend(unused)
     return items
 
 

@@ -89,7 +89,9 @@ def listing(root: str, parts: tuple[str, ...]) -> tuple[list[str], list[tuple[st
     def walk(fd: int, prefix: str) -> None:
         for entry in os.scandir(fd):
             relative = f"{prefix}{entry.name}"
-            if entry.is_dir(follow_symlinks=False):
+            if entry.is_dir(follow_symlinks=False) and entry.name.endswith(".ipynb"):
+                refused.append((relative, "a directory"))  # named like a notebook, which it cannot be
+            elif entry.is_dir(follow_symlinks=False):
                 try:
                     inner = os.open(entry.name, FLAGS | os.O_DIRECTORY, dir_fd=fd)
                 except OSError as error:
