@@ -1,0 +1,824 @@
+"""Checks for notebook 10_modern_api, and the transform and compile checks that notebook 11
+reuses.
+
+Reusable checks (each runs the student's code only through the procedures of
+:mod:`autograder.student.modern_api`, and computes its references here, with plain autograd
+and loops over the batch):
+
+- :func:`check_func_grad` — `torch.func.grad` and `torch.func.jacrev`;
+- :func:`check_vmap` — `torch.func.vmap` at one or more levels, per-sample gradients
+  (`vmap(grad(...))`) and gradients through vmap (`grad(vmap(...))`), against a loop;
+- :func:`check_forward_ad` — dual tensors of `torch.autograd.forward_ad`, `jacfwd`,
+  `hessian`, and forward-mode gradcheck (finite differences of the student's own forward);
+- :func:`check_compile` — `torch.compile` with a backend that needs no C++ compiler;
+- :func:`check_custom_op` — a `torch.library.custom_op`: its fake kernel and `opcheck`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Sequence
+
+import torch
+from torch.autograd.gradcheck import GradcheckError
+
+from ..checks import explain, inputs
+from ..checks.functions import FunctionSpec, check_function
+from ..student import devices, probe
+from ..student import modern_api as student_side
+from ..student.report import fail, passed, quiet, shape, show
+
+Shape = Sequence[int]
+Reference = Callable[..., Any]
+RTOL, ATOL = 1e-6, 1e-9
+NAMESPACE = "modern_api"  # the namespace of this notebook's custom ops
+
+
+def _generator(seed: int | None) -> torch.Generator:
+    generator = torch.Generator()
+    generator.manual_seed(inputs.seed_of(seed))
+    return generator
+
+
+def _like(t: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    return torch.randn(t.shape, generator=generator, dtype=t.dtype).to(t.device)
+
+
+def _slots(args: Sequence[Any]) -> list[int]:
+    return [i for i, a in enumerate(args) if probe.differentiable(a)]
+
+
+def _with(args: Sequence[Any], slots: Sequence[int], tensors: Sequence[Any]) -> list:
+    full = list(args)
+    for i, t in zip(slots, tensors):
+        full[i] = t
+    return full
+
+
+def _floating(result: Any) -> list[torch.Tensor]:
+    return [o for o in probe.outputs_of(result) if probe.differentiable(o)]
+
+
+def _names(names: Sequence[str], args: Sequence[Any]) -> list[str]:
+    return list(names) if len(names) == len(args) else [f"input {i}" for i in range(len(args))]
+
+
+def _shown(names: Sequence[str], args: Sequence[Any]) -> list[str]:
+    return [f"{n} = {show(a)}" for n, a in zip(_names(names, args), args)]
+
+
+def _close(actual: torch.Tensor | None, expected: torch.Tensor, rtol: float = RTOL, atol: float = ATOL) -> bool:
+    return (
+        isinstance(actual, torch.Tensor) and actual.shape == expected.shape
+        and bool(torch.allclose(actual.detach().cpu().to(expected.dtype), expected.detach().cpu(), rtol=rtol, atol=atol))
+    )
+
+
+def _compare(label: str, actual: torch.Tensor | None, expected: torch.Tensor, shown: list[str], cause: str | None = None,
+             rtol: float = RTOL, atol: float = ATOL) -> None:
+    """Fail unless `actual` has `expected`'s shape and values."""
+    __tracebackhide__ = True
+    if not isinstance(actual, torch.Tensor):
+        fail(f"{label}: got {type(actual).__name__}, expected a tensor of shape {shape(expected)}.", *shown, cause=cause)
+    if actual.shape != expected.shape:
+        fail(f"{label}: shape {shape(actual)}, expected {shape(expected)}.", *shown, cause=cause)
+    if not _close(actual, expected, rtol, atol):
+        a, e = actual.detach().cpu().to(expected.dtype), expected.detach().cpu()
+        fail(f"{label}: wrong values.", *shown, f"expected {show(e)}", f"actual   {show(a)}",
+             explain.mismatch(e, a, rtol=rtol, atol=atol), cause=cause)
+
+
+# --- Reading the errors that transforms raise -------------------------------------------------
+
+def transform_cause(message: str, kind: str, facts: dict | None = None) -> str | None:
+    """The likely cause of an error raised while torch.func, forward AD or torch.compile ran
+    a student's Function or op (None when nothing specific is recognised)."""
+    facts = facts or {}
+    if kind == "NotImplementedError" and "jvp function" in message:
+        return ("the Function has no jvp staticmethod: forward-mode AD (forward_ad, jacfwd, hessian) needs "
+                "`jvp(ctx, *tangents)`, returning the tangent of each output.")
+    if kind == "NotImplementedError":
+        return explain.NOT_IMPLEMENTED
+    if "must override the setup_context staticmethod" in message:
+        return ("this is a classic Function (forward(ctx, ...)), and torch.func cannot transform those: "
+                "write forward without ctx, `forward(x, ...)`, and move what it did with ctx to "
+                "`setup_context(ctx, inputs, output)`.")
+    if "missing a required argument" in message and facts.get("setup_context"):
+        return ("with a setup_context staticmethod, forward takes no ctx: `forward(x, ...)` receives the inputs "
+                "only, and setup_context(ctx, inputs, output) saves what backward needs.")
+    if "does not have vmap support" in message:
+        return ("vmap needs a rule for the Function: `generate_vmap_rule = True` when forward, setup_context and "
+                "backward are built from torch operations, or a hand-written `vmap` staticmethod.")
+    if "has both generate_vmap_rule=True and an overridden vmap staticmethod" in message:
+        return "choose one: a hand-written vmap staticmethod, or generate_vmap_rule = True (then delete the staticmethod)."
+    if "Cannot access data pointer of Tensor that doesn't have storage" in message:
+        return ("code that leaves torch (NumPy here) received a batched tensor: generate_vmap_rule runs forward on "
+                "batched tensors, which NumPy cannot read. Write a vmap staticmethod that moves the batch dims to "
+                "one place and calls the Function on the plain tensors it receives.")
+    if "not enough values to unpack" in message and "got 0" in message:
+        return ("ctx.saved_tensors is an empty tuple here: inside jvp it holds only what setup_context passed to "
+                "`ctx.save_for_forward` (save_for_backward serves backward only). Call both in setup_context.")
+    if "Expected both tensor and its forward grad to be floating point" in message:
+        return "jvp returned None (or nothing) for an output: it must return the tangent of every output."
+    if "There was no fake impl registered" in message:
+        return ("the op has no fake kernel: register one with `@op.register_fake`, returning an empty tensor of "
+                "the output's shape and dtype (torch.compile and opcheck run it instead of your NumPy code).")
+    if "Autograd has not been implemented" in message or "autograd kernel was not registered" in message:
+        return ("the op has no autograd formula: `op.register_autograd(backward, setup_context=setup_context)`.")
+    if "expected np.ndarray (got numpy." in message:
+        return ("NumPy returns a scalar, not an array, when a reduction leaves no dimension (a 1-d input): "
+                "wrap the result with `np.asarray(...)` before `torch.from_numpy`.")
+    if "expected device" in message or "is not on the expected device" in message:
+        return ("a tensor is created without `device=`: build new tensors with `x.new_empty(...)`, "
+                "`torch.empty_like(x)`, or pass `device=x.device`.")
+    if "Unsupported custom jvp" in message:
+        return ("torch.compile (torch 2.13) cannot trace a Function that defines a jvp: with fullgraph=True it "
+                "refuses it, without it runs the Function eagerly between two graphs. Keep jvp out of Functions "
+                "that must compile in one graph (or make the computation a custom op).")
+    if "Unsupported" in kind or "graph break" in message.lower():
+        return ("torch.compile could not trace the code into one graph (fullgraph=True): code it cannot see "
+                "(NumPy, a C library) belongs in a torch.library.custom_op with a fake kernel.")
+    return None
+
+
+def _fail_error(what: str, error: probe.ProbeError, shown: list[str], facts: dict | None = None,
+                hint: str | None = None) -> None:
+    __tracebackhide__ = True
+    first = error.message.strip().splitlines()[0] if error.message.strip() else error.type
+    cause = transform_cause(error.message, error.type, facts) or hint
+    fail(f"{what} raised {error.type}: {first[:300]}", *shown, cause=cause)
+
+
+def _error_of(data: Any) -> probe.ProbeError | None:
+    return probe.ProbeError.from_data(data)
+
+
+def _tensor_list(values: Any, what: str) -> list:
+    if values is None:
+        return []
+    if not isinstance(values, list) or not all(v is None or isinstance(v, torch.Tensor) for v in values):
+        raise probe.Malformed(f"malformed {what}")
+    return values
+
+
+def describe(student: Any) -> dict:
+    """What a student's Function or op declares (reported by the student's process)."""
+    facts = probe.invoke(student_side.describe, student)
+    if not isinstance(facts, dict):
+        raise probe.Malformed("malformed description")
+    return facts
+
+
+# --- torch.func.grad and jacrev ---------------------------------------------------------------
+
+def _reference_grads(reference: Reference, args: Sequence[Any], weights: list[torch.Tensor]) -> list[torch.Tensor]:
+    slots = _slots(args)
+    tensors = [args[i].detach().clone().requires_grad_() for i in slots]
+    with torch.enable_grad():
+        outs = _floating(reference(*_with(args, slots, tensors)))
+        grads = torch.autograd.grad(outs, tensors, weights, allow_unused=True)
+    return [torch.zeros_like(t) if g is None else g.detach() for g, t in zip(grads, tensors)]
+
+
+def _reference_jacobians(reference: Reference, args: Sequence[Any]) -> list[torch.Tensor]:
+    slots = _slots(args)
+    tensors = tuple(args[i].detach() for i in slots)
+    jac = torch.autograd.functional.jacobian(lambda *t: reference(*_with(args, slots, t)), tensors)
+    return list(jac) if isinstance(jac, tuple) else [jac]
+
+
+def check_func_grad(student: Any, name: str, reference: Reference, cases: Sequence[tuple],
+                    arg_names: Sequence[str], generator: torch.Generator, *, jacrev: bool = True) -> None:
+    """torch.func.grad (and jacrev) of the student's Function equal the reference's gradients
+    (and Jacobians), computed here with torch.autograd. One output."""
+    __tracebackhide__ = True
+    facts = describe(student)
+    with quiet():
+        for device in devices.available():
+            for case in cases:
+                args = tuple(a.detach().to(device) if isinstance(a, torch.Tensor) else a for a in case)
+                outs = _floating(reference(*args))
+                weights = [_like(o, generator) for o in outs]
+                found = probe.invoke(student_side.func_grad, student, args, weights)
+                shown = _shown(arg_names, args) + [f"weights = {show(weights[0])}"]
+                error = _error_of(found["grad_error"])
+                if error is not None:
+                    _fail_error(f"torch.func.grad of ({name}.apply(...) * weights).sum()", error, shown, facts)
+                grads = _tensor_list(found["grad"], "gradients")
+                slots = _slots(args)
+                names = _names(arg_names, args)
+                for k, (got, want) in enumerate(zip(grads, _reference_grads(reference, args, weights))):
+                    _compare(f"{name}: torch.func.grad for `{names[slots[k]]}`", got, want, shown)
+                if len(grads) != len(slots):
+                    raise probe.Malformed("malformed gradients")
+                if not jacrev:
+                    continue
+                error = _error_of(found["jacrev_error"])
+                if error is not None:
+                    _fail_error(f"torch.func.jacrev({name}.apply)", error, shown[:-1], facts)
+                jacs = _tensor_list(found["jacrev"], "Jacobians")
+                for k, (got, want) in enumerate(zip(jacs, _reference_jacobians(reference, args))):
+                    _compare(f"{name}: torch.func.jacrev for `{names[slots[k]]}`", got, want, shown[:-1])
+
+
+# --- torch.func.vmap --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class VmapCase:
+    """Arguments as vmap receives them (batch dims included), and the in_dims of each vmap
+    level, outermost first (one entry per argument; None for non-tensors and unbatched)."""
+
+    args: tuple
+    levels: tuple[tuple, ...]
+
+
+def batched(sample: torch.Tensor, dims: Sequence[int | None], sizes: Sequence[int],
+            generator: torch.Generator) -> torch.Tensor:
+    """A random tensor of `sample`'s dtype whose per-sample shape is `sample`'s, with a batch
+    dim of size sizes[k] inserted at dims[k] for each level k (outermost first; None: this
+    argument is not batched at that level)."""
+    shape_ = list(sample.shape)
+    for dim, size in reversed(list(zip(dims, sizes))):
+        if dim is not None:
+            shape_.insert(dim if dim >= 0 else len(shape_) + 1 + dim, size)
+    return torch.randn(tuple(shape_), generator=generator, dtype=sample.dtype)
+
+
+def _batch_size(args: Sequence[Any], dims: Sequence[Any]) -> int:
+    for a, d in zip(args, dims):
+        if d is not None:
+            return a.shape[d]
+    raise ValueError("no batched argument")
+
+
+def _sample(args: Sequence[Any], dims: Sequence[Any], b: int) -> list:
+    return [a.select(d, b) if d is not None else a for a, d in zip(args, dims)]
+
+
+def loop(reference: Reference, args: Sequence[Any], levels: Sequence[Sequence[Any]]) -> list[torch.Tensor]:
+    """What vmap must compute (out_dims 0 at every level): the reference run on each sample,
+    stacked."""
+    if not levels:
+        with torch.no_grad():
+            return [o.detach() for o in probe.outputs_of(reference(*args))]
+    dims = levels[0]
+    per = [loop(reference, _sample(args, dims, b), levels[1:]) for b in range(_batch_size(args, dims))]
+    return [torch.stack([p[k] for p in per]) for k in range(len(per[0]))]
+
+
+def _describe_vmap(name: str, case: VmapCase) -> str:
+    call = f"{name}.apply"
+    for dims in reversed(case.levels):
+        call = f"vmap({call}, in_dims={tuple(dims)})"
+    return call
+
+
+def _vmap_cause(actual: torch.Tensor | None, expected: torch.Tensor, batch: int) -> str | None:
+    if not isinstance(actual, torch.Tensor):
+        return None
+    if tuple(actual.shape) == (batch, *expected.shape):
+        return ("the output got one batch dim too many: your rule returned out_dims None for an output that is "
+                "batched, so vmap took it as one value shared by every sample and added a batch dim. Return the "
+                "dim where the batch is in the output your rule computed (e.g. 0, whichever input was batched).")
+    for k in range(1, expected.dim()):
+        moved = expected.movedim(0, k)
+        if actual.shape == moved.shape and torch.allclose(actual.cpu().to(moved.dtype), moved.cpu(), rtol=RTOL, atol=ATOL):
+            return f"the batch is at dim {k} of the output your rule computed, but the out_dims it returned say otherwise."
+    return None
+
+
+def check_vmap(student: Any, name: str, reference: Reference, cases: Sequence[VmapCase], arg_names: Sequence[str],
+               generator: torch.Generator, *, per_sample: bool = True, grad_of_vmap: bool = True,
+               hint: Callable[[VmapCase, torch.Tensor | None, torch.Tensor | None], str | None] | None = None) -> None:
+    """vmap of the student's Function equals a loop over the batch with the reference; with
+    `per_sample`, so do the per-sample gradients vmap(grad(...)); with `grad_of_vmap`, the
+    gradient through the vmapped Function (single-level cases only)."""
+    __tracebackhide__ = True
+    facts = describe(student)
+    for case in cases:
+        args = case.args
+        call = _describe_vmap(name, case)
+        shown = _shown(arg_names, args)
+        expected = loop(reference, args, case.levels)
+        batch = _batch_size(args, case.levels[0])
+        single = len(case.levels) == 1
+        weights = [_like(e, generator) for e in expected if probe.differentiable(e)]
+        with quiet():
+            found = probe.invoke(student_side.vmapped, student, tuple(args), [list(d) for d in case.levels],
+                                 weights if (per_sample and single) else None,
+                                 weights if (grad_of_vmap and single) else None)
+        error = _error_of(found["error"])
+        if error is not None:
+            _fail_error(call, error, shown, facts, hint=hint(case, None, None) if hint else None)
+        outputs = _tensor_list(found["outputs"], "outputs")
+        if len(outputs) != len(expected):
+            fail(f"{call} returned {len(outputs)} tensor(s), expected {len(expected)}.", *shown)
+        for got, want in zip(outputs, expected):
+            cause = _vmap_cause(got, want, batch) or (hint(case, got, want) if hint else None)
+            _compare(f"{call}: the output differs from a loop over the batch", got, want, shown, cause)
+        if not single or not weights:
+            continue
+        slots = _slots(args)
+        names = _names(arg_names, args)
+        dims = case.levels[0]
+        per = [_reference_grads(reference, _sample(args, dims, b), [w[b] for w in weights]) for b in range(batch)]
+        if per_sample:
+            error = _error_of(found["per_sample_error"])
+            if error is not None:
+                _fail_error(f"per-sample gradients, vmap(grad(...)) over {call}", error, shown, facts)
+            grads = _tensor_list(found["per_sample"], "per-sample gradients")
+            for k, got in enumerate(grads):
+                want = torch.stack([p[k] for p in per])
+                _compare(f"{call}: per-sample gradients (vmap of grad) for `{names[slots[k]]}` differ from a loop",
+                         got, want, shown, hint(case, got, want) if hint else None)
+        if grad_of_vmap:
+            error = _error_of(found["grad_of_vmap_error"])
+            if error is not None:
+                _fail_error(f"grad through {call}", error, shown, facts)
+            grads = _tensor_list(found["grad_of_vmap"], "gradients")
+            for k, got in enumerate(grads):
+                d = dims[slots[k]]
+                want = torch.stack([p[k] for p in per], d) if d is not None else sum(p[k] for p in per)
+                _compare(f"{call}: the gradient through vmap (grad of vmap) for `{names[slots[k]]}` differs from a loop",
+                         got, want, shown, hint(case, got, want) if hint else None)
+
+
+# --- Forward-mode AD --------------------------------------------------------------------------
+
+def _reference_jvp(reference: Reference, args: Sequence[Any], tangents: Sequence[Any]) -> list[torch.Tensor]:
+    """Output tangents of the reference (torch operations) with forward_ad; zero if None."""
+    import torch.autograd.forward_ad as fwAD
+
+    with fwAD.dual_level():
+        duals = [fwAD.make_dual(a.detach(), t) if isinstance(t, torch.Tensor) else
+                 (a.detach() if isinstance(a, torch.Tensor) else a) for a, t in zip(args, tangents)]
+        outs = probe.outputs_of(reference(*duals))
+        found = []
+        for o in outs:
+            u = fwAD.unpack_dual(o)
+            found.append(torch.zeros_like(u.primal) if u.tangent is None else u.tangent.detach().clone())
+    return found
+
+
+def _tangent_label(names: list[str], tangents: Sequence[Any]) -> str:
+    with_t = [n for n, t in zip(names, tangents) if isinstance(t, torch.Tensor)]
+    return "tangents for " + " and ".join(f"`{n}`" for n in with_t)
+
+
+def check_forward_ad(student: Any, name: str, reference: Reference, cases: Sequence[tuple],
+                     arg_names: Sequence[str], generator: torch.Generator, *, jacfwd: bool = True,
+                     hessian: bool = True, hint: Callable[[int, tuple, list], str | None] | None = None) -> None:
+    """Forward-mode AD of the student's Function against the reference: dual tensors with a
+    tangent on each floating-point argument alone and on all of them; torch.func.jacfwd; the
+    Hessian of <f, w> with respect to the first argument (jacfwd over jacrev); and a
+    forward-mode gradcheck (torch's, or for a student's process elsewhere, central finite
+    differences of its own forward computed here)."""
+    __tracebackhide__ = True
+    facts = describe(student)
+    for device in devices.available():
+        for case in cases:
+            args = tuple(a.detach().to(device) if isinstance(a, torch.Tensor) else a for a in case)
+            slots = _slots(args)
+            names = _names(arg_names, args)
+            shown = _shown(arg_names, args)
+            sets = []
+            for i in slots + [None]:
+                sets.append([_like(a, generator) if (k == i or (i is None and k in slots)) else None
+                             for k, a in enumerate(args)])
+            outs = _floating(reference(*args))
+            weights = [_like(o, generator) for o in outs]
+            with quiet():
+                found = probe.invoke(student_side.forward_ad, student, args, sets, weights if hessian else None)
+            runs = found["runs"]
+            if not isinstance(runs, list) or len(runs) != len(sets):
+                raise probe.Malformed("malformed forward-AD report")
+            for tangents, run in zip(sets, runs):
+                label = _tangent_label(names, tangents)
+                seen = shown + [f"{names[k]} tangent = {show(t)}" for k, t in enumerate(tangents) if t is not None]
+                error = _error_of(run["error"])
+                if error is not None:
+                    _fail_error(f"forward AD ({label}) of {name}", error, seen, facts)
+                got = _tensor_list(run["tangents"], "tangents")
+                want = _reference_jvp(reference, args, tangents)
+                if len(got) != len(want):
+                    fail(f"{name}: forward AD gave {len(got)} output tangent(s), expected {len(want)}.", *seen)
+                given = [slots.index(k) for k, t in enumerate(tangents) if t is not None]
+                cause = hint(given[0] if len(given) == 1 else None, args, tangents) if hint else None
+                for g, w in zip(got, want):
+                    if g is None:
+                        fail(f"{name}: forward AD ({label}) gave no tangent for the output.", *seen,
+                             f"expected {show(w)}", cause=cause)
+                    _compare(f"{name}: forward AD ({label}) gives a wrong output tangent", g, w, seen, cause)
+            if jacfwd:
+                error = _error_of(found["jacfwd_error"])
+                if error is not None:
+                    _fail_error(f"torch.func.jacfwd({name}.apply)", error, shown, facts)
+                jacs = _tensor_list(found["jacfwd"], "Jacobians")
+                for k, (got, want) in enumerate(zip(jacs, _reference_jacobians(reference, args))):
+                    _compare(f"{name}: torch.func.jacfwd for `{names[slots[k]]}`", got, want, shown)
+            if hessian:
+                error = _error_of(found["hessian_error"])
+                if error is not None:
+                    _fail_error(f"torch.func.hessian of ({name}.apply(...) * weights).sum()", error, shown, facts)
+                first = slots[0]
+                want = torch.autograd.functional.hessian(
+                    lambda t: sum((o * w).sum() for o, w in zip(_floating(reference(*_with(args, [first], [t]))), weights)),
+                    args[first].detach())
+                _compare(f"{name}: torch.func.hessian with respect to `{names[first]}`", found["hessian"], want,
+                         shown + [f"weights = {show(weights[0])}"])
+            _forward_gradcheck(student, name, args, arg_names, generator, facts)
+
+
+def _forward_gradcheck(student: Any, name: str, args: tuple, arg_names: Sequence[str], generator: torch.Generator,
+                       facts: dict, eps: float = 1e-6) -> None:
+    """gradcheck(check_forward_ad=True): the student's tangents against finite differences
+    of the student's own forward. torch's gradcheck for a local object; for one in another
+    process, central differences along random directions, computed here."""
+    __tracebackhide__ = True
+    shown = _shown(arg_names, args)
+    slots = _slots(args)
+    if not isinstance(student, probe.StudentProxy):
+        call = probe.as_callable(student)
+        tensors = tuple(args[i].detach().clone().requires_grad_() for i in slots)
+        with quiet():
+            try:
+                torch.autograd.gradcheck(lambda *t: call(*_with(args, slots, t)), tensors, check_forward_ad=True,
+                                         check_backward_ad=False, check_undefined_grad=False, fast_mode=True)
+                return
+            except GradcheckError as error:
+                lines = str(error).strip().splitlines()
+            except Exception as exc:  # the student's code may raise anything
+                _fail_error(f"gradcheck(check_forward_ad=True) of {name}", probe.ProbeError("gradcheck", type(exc).__name__, str(exc)), shown, facts)
+        fail(f"{name}: torch.autograd.gradcheck(check_forward_ad=True) failed.", *shown, *lines[:10],
+             cause="jvp must be the derivative of forward, linear in the tangents.")
+    plain = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
+    directions = [_like(plain[i], generator) if i in slots else None for i in range(len(plain))]
+    moved = [tuple(a + sign * eps * d if d is not None else a for a, d in zip(plain, directions)) for sign in (1, -1)]
+    with quiet():
+        results = probe.forward_many(student, moved)
+        found = probe.invoke(student_side.forward_ad, student, tuple(plain), [directions], None)
+    for r in results:
+        if isinstance(r, probe.ProbeError):
+            _fail_error(f"{name} (forward)", r, shown, facts)
+    run = found["runs"][0]
+    error = _error_of(run["error"])
+    if error is not None:
+        _fail_error(f"forward AD of {name}", error, shown, facts)
+    plus, minus = results
+    for p, m, t in zip(plus, minus, _tensor_list(run["tangents"], "tangents")):
+        numeric = ((p - m) / (2 * eps)).cpu()
+        if t is None or t.shape != numeric.shape or not torch.allclose(t.cpu().to(numeric.dtype), numeric, rtol=1e-3, atol=1e-5):
+            fail(f"{name}: the output tangent of forward AD disagrees with finite differences of your own forward "
+                 "(along a random direction).", *shown, f"finite differences {show(numeric)}",
+                 f"forward AD         {show(t)}", cause="jvp must be the derivative of forward, linear in the tangents.")
+
+
+# --- torch.compile ----------------------------------------------------------------------------
+
+def check_compile(student: Any, name: str, reference: Reference, cases: Sequence[tuple], arg_names: Sequence[str],
+                  generator: torch.Generator, *, backend: str = "aot_eager", fullgraph: bool = True,
+                  in_graph: str | None = None, facts: dict | None = None) -> list[list[str]]:
+    """The student's Function or op under torch.compile(backend=..., fullgraph=...): outputs
+    and the gradients of <outputs, w> equal the reference's. Returns the operators of the
+    compiled graphs (best effort); with `in_graph`, fails unless one of them contains it."""
+    __tracebackhide__ = True
+    facts = facts if facts is not None else describe(student)
+    graphs: list[list[str]] = []
+    compiled = f"torch.compile({name}, backend={backend!r}, fullgraph={fullgraph})"
+    for device in devices.available():
+        for case in cases:
+            args = tuple(a.detach().to(device) if isinstance(a, torch.Tensor) else a for a in case)
+            shown = _shown(arg_names, args)
+            outs = _floating(reference(*args))
+            weights = [_like(o, generator) for o in outs]
+            with quiet():
+                found = probe.invoke(student_side.compiled, student, args, weights, backend, fullgraph)
+            error = _error_of(found["error"])
+            if error is not None:
+                _fail_error(f"{compiled}, {error.stage.split('(')[-1].rstrip(')')}", error, shown, facts)
+            got = _tensor_list(found["outputs"], "outputs")
+            with torch.no_grad():
+                want = [o.detach() for o in probe.outputs_of(reference(*args))]
+            if len(got) != len(want):
+                fail(f"{compiled} returned {len(got)} tensor(s), expected {len(want)}.", *shown)
+            for g, w in zip(got, want):
+                _compare(f"{compiled}: forward", g, w, shown)
+            names = _names(arg_names, args)
+            for k, (g, w) in enumerate(zip(_tensor_list(found["grads"], "gradients"), _reference_grads(reference, args, weights))):
+                _compare(f"{compiled}: gradient for `{names[_slots(args)[k]]}`", torch.zeros_like(w) if g is None else g,
+                         w, shown + [f"weights = {show(weights[0])}"])
+            graphs += [[str(op) for op in g] for g in found.get("graphs") or [] if isinstance(g, list)]
+    if in_graph is not None and not any(in_graph in op for g in graphs for op in g):
+        fail(f"{compiled}: no compiled graph calls {in_graph}.",
+             "operators in the graphs: " + ", ".join(sorted({op for g in graphs for op in g})[:12]),
+             cause="the compiler traced through your code instead of calling the op: call the custom op itself.")
+    return graphs
+
+
+# --- torch.library custom ops -----------------------------------------------------------------
+
+def check_custom_op(op: Any, name: str, cases: Sequence[tuple], expected: Callable[[tuple], Sequence[tuple]],
+                    *, namespace: str = NAMESPACE) -> dict:
+    """A torch.library.custom_op in `namespace`, with a fake kernel whose outputs have the
+    shapes and dtypes `expected(args)` lists ([(shape, dtype), ...]) on every case, and that
+    passes torch.library.opcheck on every case (opcheck's verdict is reported by the
+    student's process: best effort; the other checks compute the numbers here)."""
+    __tracebackhide__ = True
+    facts = describe(op)
+    if facts.get("kind") != "CustomOpDef":
+        fail(f"{name} is a {facts.get('kind')}, not an op made with torch.library.custom_op.",
+             cause=f'decorate the function with `@torch.library.custom_op("{namespace}::{name}", mutates_args=())`.')
+    qualname = str(facts.get("name", ""))
+    if not qualname.startswith(f"{namespace}::"):
+        fail(f"{name} is registered as {qualname!r}, outside this notebook's namespace {namespace!r}.",
+             cause=f'ops are registered globally by name; use "{namespace}::{name}" so that they do not collide '
+             "with other notebooks' ops.")
+    if not facts.get("fake"):
+        fail(f"{qualname} has no fake kernel.",
+             cause=f"register one with `@{name}.register_fake`: it returns an empty tensor of the output's shape "
+             "and dtype, which torch.compile, opcheck and the meta device use instead of running your kernel.")
+    if not facts.get("autograd"):
+        fail(f"{qualname} has no autograd formula.",
+             cause=f"`{name}.register_autograd(backward, setup_context=setup_context)`.")
+    with quiet():
+        for args in cases:
+            shown = [f"x = {show(a)}" if isinstance(a, torch.Tensor) else repr(a) for a in args]
+            fake = probe.invoke(student_side.fake_outputs, op, tuple(args))
+            error = _error_of(fake["error"])
+            if error is not None:
+                _fail_error(f"{qualname} on fake tensors (its register_fake kernel)", error, shown, facts,
+                            hint="the fake kernel may only look at shapes and dtypes (`x.shape`, `x.dtype`, "
+                            "`x.new_empty(...)`), never at values (no NumPy, no `.item()`).")
+            outs = fake["outputs"]
+            want = list(expected(tuple(args)))
+            if len(outs) != len(want):
+                fail(f"{qualname}: the fake kernel returned {len(outs)} tensor(s), expected {len(want)}.", *shown)
+            for out, (shape_, dtype) in zip(outs, want):
+                got_shape, got_dtype = tuple(out["shape"]), out["dtype"]
+                want_dtype = str(dtype).removeprefix("torch.")
+                if got_shape != tuple(shape_) or got_dtype != want_dtype:
+                    fail(f"{qualname}: the fake kernel says shape {got_shape} and dtype {got_dtype}; the op returns "
+                         f"shape {tuple(shape_)} and dtype {want_dtype}.", *shown,
+                         cause="the fake kernel must describe the real output exactly: its shape (the reduced dim "
+                         "removed) and the input's dtype, e.g. `x.new_empty(x.shape[:-1])` (new_empty keeps x's "
+                         "dtype and device; torch.empty(shape) would be float32 on the CPU).")
+        results = probe.invoke(student_side.opcheck, op, [tuple(a.detach() if isinstance(a, torch.Tensor) else a
+                                                                for a in args) for args in cases])
+    if not isinstance(results, list) or len(results) != len(cases):
+        raise probe.Malformed("malformed opcheck report")
+    for args, result in zip(cases, results):
+        shown = [f"x = {show(a)}" if isinstance(a, torch.Tensor) else repr(a) for a in args]
+        error = _error_of(result["error"])
+        if error is not None:
+            lines = [line for line in error.message.strip().splitlines() if line.strip()]
+            fail(f"torch.library.opcheck({qualname}) failed.", *shown, *lines[:6],
+                 cause=_opcheck_cause(error.message, error.type, facts))
+        failed = {k: v for k, v in result["results"].items() if v != "SUCCESS"}
+        if failed:
+            fail(f"torch.library.opcheck({qualname}) did not pass: {failed}.", *shown)
+    return facts
+
+
+def _opcheck_cause(message: str, kind: str, facts: dict) -> str | None:
+    if "test_faketensor" in message or "metadata mismatch" in message.lower():
+        return ("the fake kernel and the real one disagree: the fake output must have exactly the shape, dtype "
+                "and device the real kernel returns (did the NumPy result keep the input's dtype?).")
+    if "test_autograd_registration" in message:
+        return "register the backward with `op.register_autograd(backward, setup_context=setup_context)`."
+    if "test_aot_dispatch" in message:
+        return ("compiling the op (with symbolic shapes) failed: the fake kernel must use only shapes, and "
+                "backward only torch operations on the saved tensors.")
+    return transform_cause(message, kind, facts)
+
+
+# === The exercises =============================================================================
+
+# --- 10.1 ClippedReLU, ported: forward + setup_context, generate_vmap_rule --------------------
+
+ClipCase = tuple[Shape, float]
+CLIP_CASES: tuple[ClipCase, ...] = (((5,), 1.0), ((2, 3), 2))
+
+
+def _clipped_relu(x: torch.Tensor, clip: float) -> torch.Tensor:
+    return x.clamp(0, clip)
+
+
+def _clip_cases(specs: Sequence[ClipCase]):
+    def cases(generator: torch.Generator) -> list[tuple]:
+        return [(inputs.uniform(shape_, generator, -1.0, clip + 1.0, kinks=(0.0, clip)), clip) for shape_, clip in specs]
+
+    return cases
+
+
+CLIPPED_RELU = FunctionSpec(name="ClippedReLU", reference=_clipped_relu, cases=_clip_cases(CLIP_CASES))
+
+
+def _clip_vmap_cases(specs: Sequence[ClipCase], generator: torch.Generator) -> list[VmapCase]:
+    found = []
+    for k, (shape_, clip) in enumerate(specs):
+        dim = (0, len(shape_), 1)[k % 3]  # the batch first, last, then second
+        dim = dim if dim <= len(shape_) else 0
+        xs = inputs.uniform(tuple(shape_[:dim]) + (3,) + tuple(shape_[dim:]), generator, -1.0, clip + 1.0,
+                            kinks=(0.0, clip))
+        found.append(VmapCase((xs, clip), ((dim, None),)))
+    return found
+
+
+def check_modern_style(student: Any, name: str) -> dict:
+    """The Function has a setup_context staticmethod and a forward without ctx (as the
+    student's process reports it: best effort, for a clear message before the numbers)."""
+    __tracebackhide__ = True
+    facts = describe(student)
+    if facts.get("kind") != "Function":
+        fail(f"{name} is a {facts.get('kind')}, not a torch.autograd.Function subclass.")
+    params = facts.get("forward_params") or []
+    if not facts.get("setup_context"):
+        fail(f"{name} has no setup_context staticmethod: it is still a classic Function "
+             f"(forward({', '.join(params)})), which torch.func cannot transform.",
+             cause="write forward without ctx, and move what it did with ctx to "
+             "`setup_context(ctx, inputs, output)`.")
+    if params and params[0] == "ctx":
+        fail(f"{name}.forward takes ctx (forward({', '.join(params)})), but the Function has a setup_context.",
+             cause="with setup_context, forward receives the inputs only: `forward(x, clip)`. The ctx work "
+             "belongs in setup_context(ctx, inputs, output).")
+    return facts
+
+
+def check_clipped_relu(student: Any, *, cases: Sequence[ClipCase] = CLIP_CASES, seed: int | None = 0) -> None:
+    """ClippedReLU(x, clip) with forward(x, clip) + setup_context and a generated vmap rule:
+    values and gradients, then torch.func.grad, jacrev and vmap (per-sample gradients too)."""
+    __tracebackhide__ = True
+    check_modern_style(student, "ClippedReLU")
+    spec = replace(CLIPPED_RELU, cases=_clip_cases(cases))
+    check_function(student, spec, seed=seed)
+    generator = _generator(seed)
+    drawn = spec.cases(generator)
+    check_func_grad(student, "ClippedReLU", _clipped_relu, drawn, ("x", "clip"), generator)
+    passed(f"ClippedReLU under torch.func: grad and jacrev agree with autograd on {len(drawn)} input(s).")
+    vmap_cases = _clip_vmap_cases(cases, generator)
+    check_vmap(student, "ClippedReLU", _clipped_relu, vmap_cases, ("x", "clip"), generator)
+    dims = ", ".join(str(c.levels[0]) for c in vmap_cases)
+    passed(f"ClippedReLU under vmap (in_dims {dims}): outputs, per-sample gradients and gradients through vmap "
+           "agree with a loop over the batch.")
+
+
+# --- 10.2 A hand-written vmap rule -------------------------------------------------------------
+# Cases: (per-sample shape of x and y, dim, in_dims of (x, y) per level outermost first, batch
+# size per level).
+
+VmapSpec = tuple[Shape, int, Sequence[tuple], Sequence[int]]
+
+VMAP_RULE_CASES: tuple[VmapSpec, ...] = (
+    ((4, 3), 1, [(0, None)], [5]),
+    ((4, 3), 0, [(1, 0)], [3]),
+    ((2, 3), -1, [(None, 2)], [4]),
+)
+
+
+def _squared_distance(x: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
+    return ((x - y) ** 2).sum(dim)
+
+
+def _vmap_rule_cases(specs: Sequence[VmapSpec], generator: torch.Generator) -> list[VmapCase]:
+    found = []
+    for sample_shape, dim, levels, sizes in specs:
+        sample = torch.empty(tuple(sample_shape), dtype=torch.float64)
+        x = batched(sample, [d[0] for d in levels], sizes, generator)
+        y = batched(sample, [d[1] for d in levels], sizes, generator)
+        found.append(VmapCase((x, y, dim), tuple((d[0], d[1], None) for d in levels)))
+    return found
+
+
+def _vmap_rule_hint(case: VmapCase, actual: torch.Tensor | None, expected: torch.Tensor | None) -> str:
+    dim = case.args[2]
+    dims = case.levels[-1]
+    causes = []
+    if any(d not in (0, None) for d in dims[:2]):
+        causes.append(f"in_dims {dims[:2]}: a batch dim is not always at 0 — move it there with "
+                      "`x.movedim(in_dims[0], 0)` (and the same for y).")
+    if None in dims[:2]:
+        causes.append("an input with in_dims None has no batch dim at all: give it one, e.g. "
+                      "`y.expand(info.batch_size, *y.shape)`.")
+    if dim >= 0:
+        causes.append(f"dim = {dim} counts the dims of one sample; with the batch dim in front it is dim + 1 "
+                      "(a negative dim counts from the end and stays).")
+    else:
+        causes.append(f"dim = {dim} is negative: it counts from the end and stays the same with the batch in front.")
+    return " Or: ".join(causes)
+
+
+def check_vmap_rule(student: Any, *, cases: Sequence[VmapSpec] = VMAP_RULE_CASES, seed: int | None = 0) -> None:
+    """SquaredDistance(x, y, dim), whose forward is NumPy, under vmap through its hand-written
+    vmap staticmethod: outputs, per-sample gradients and gradients through vmap against a
+    loop over the batch, for in_dims with None and non-zero dims (and nested vmap)."""
+    __tracebackhide__ = True
+    facts = describe(student)
+    if facts.get("kind") == "Function" and not facts.get("vmap"):
+        fail("SquaredDistance has no vmap staticmethod.",
+             cause="write `def vmap(info, in_dims, x, y, dim)` as a @staticmethod returning (output, out_dims). "
+             "generate_vmap_rule cannot help: it runs forward on batched tensors, and NumPy cannot read them.")
+    generator = _generator(seed)
+    drawn = _vmap_rule_cases(cases, generator)
+    check_vmap(student, "SquaredDistance", _squared_distance, drawn, ("x", "y", "dim"), generator,
+               hint=_vmap_rule_hint)
+    described = "; ".join(
+        f"in_dims {' then '.join(str(tuple(d[:2])) for d in c.levels)}, dim={c.args[2]}" for c in drawn)
+    passed(f"SquaredDistance under vmap ({described}): outputs, per-sample gradients and gradients through vmap "
+           "agree with a loop over the batch.")
+
+
+# --- 10.3 jvp with save_for_forward ------------------------------------------------------------
+# Cases: (x's shape, beta's shape).
+
+SwishCase = tuple[Shape, Shape]
+SWISH_CASES: tuple[SwishCase, ...] = (((4, 3), (3,)), ((5,), ()))
+
+
+def _swish(x: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(beta * x)
+
+
+def _swish_cases(specs: Sequence[SwishCase]):
+    def cases(generator: torch.Generator) -> list[tuple]:
+        return [(inputs.uniform(xs, generator, -3.0, 3.0), inputs.uniform(bs, generator, 0.2, 2.0)) for xs, bs in specs]
+
+    return cases
+
+
+SWISH = FunctionSpec(name="Swish", reference=_swish, cases=_swish_cases(SWISH_CASES))
+
+
+def _swish_hint(which: int | None, args: tuple, tangents: list) -> str:
+    if which == 0:
+        return ("with s = σ(βx), the tangent is x_t · (s + βx·s(1 − s)) + β_t · x²·s(1 − s); here only x has a "
+                "tangent: check the first term.")
+    if which == 1:
+        return ("with s = σ(βx), the tangent is x_t · (s + βx·s(1 − s)) + β_t · x²·s(1 − s); here only beta has a "
+                "tangent: check the second term (β_t keeps beta's shape and broadcasts; it is not summed).")
+    return "the tangent is the sum of both terms, x_t · ∂y/∂x + β_t · ∂y/∂β."
+
+
+def check_swish_jvp(student: Any, *, cases: Sequence[SwishCase] = SWISH_CASES, seed: int | None = 0) -> None:
+    """Swish(x, beta) with a jvp: dual tensors (a tangent on x, on beta, on both), jacfwd,
+    hessian, and gradcheck(check_forward_ad=True); values and backward too."""
+    __tracebackhide__ = True
+    spec = replace(SWISH, cases=_swish_cases(cases))
+    check_function(student, spec, seed=seed)
+    generator = _generator(seed)
+    drawn = spec.cases(generator)
+    check_forward_ad(student, "Swish", _swish, drawn, ("x", "beta"), generator, hint=_swish_hint)
+    passed(f"Swish in forward mode: dual tensors (tangents for x, beta and both), jacfwd, hessian and "
+           f"gradcheck(check_forward_ad=True) agree ({len(drawn)} inputs, float64).")
+
+
+# --- 10.4 A custom op: register_fake, register_autograd, opcheck, torch.compile ----------------
+# Cases: (x's shape, an offset added to every entry: ±1000 overflows a naive exp).
+
+OpCase = tuple[Shape, float]
+OP_CASES: tuple[OpCase, ...] = (((3, 4), 0.0), ((2, 3, 5), 0.0))
+OP_COMPILED: tuple[OpCase, ...] = (((3, 4), 0.0),)
+
+
+def _lse(x: torch.Tensor) -> torch.Tensor:
+    return torch.logsumexp(x, -1)
+
+
+def _op_cases(specs: Sequence[OpCase]):
+    def cases(generator: torch.Generator) -> list[tuple]:
+        return [(2 * inputs.normal(s, generator) + offset,) for s, offset in specs]
+
+    return cases
+
+
+LOGSUMEXP_OP = FunctionSpec(name="logsumexp", reference=_lse, cases=_op_cases(OP_CASES), double_backward=True)
+FLOAT32_CAUSE = "keep the input's dtype: convert the NumPy result with `.to(dtype=x.dtype)`."
+
+
+def check_logsumexp_op(op: Any, *, cases: Sequence[OpCase] = OP_CASES, compiled: Sequence[OpCase] = OP_COMPILED,
+                       seed: int | None = 0) -> None:
+    """modern_api::logsumexp(x), log Σ exp over the last dim, as a torch.library.custom_op: its
+    name, fake kernel and autograd formula; opcheck (the first case in float64, the last in
+    float32); values, gradients and double backward; float32; and
+    torch.compile(backend="aot_eager", fullgraph=True)."""
+    __tracebackhide__ = True
+    generator = _generator(seed)
+    drawn = _op_cases(cases)(generator)
+    samples = [drawn[0], (drawn[-1][0].float(),)]
+    facts = check_custom_op(op, "logsumexp", samples, lambda args: [(args[0].shape[:-1], args[0].dtype)])
+    passed(f"{facts.get('name')}: a custom op with a fake kernel (right shapes and dtypes) and an autograd "
+           f"formula; torch.library.opcheck passes ({len(samples)} samples, float64 and float32).")
+    check_function(op, replace(LOGSUMEXP_OP, cases=_op_cases(cases)), seed=seed)
+    x32 = drawn[0][0].float()
+    with quiet():
+        result = probe.forward_many(op, [(x32,)])[0]
+    shown = [f"x = {show(x32)}"]
+    if isinstance(result, probe.ProbeError):
+        _fail_error("logsumexp on float32", result, shown, facts)
+    got = result[0] if result else None
+    if isinstance(got, torch.Tensor) and got.dtype != torch.float32:
+        fail(f"logsumexp on a float32 input returns {got.dtype}.", *shown, cause=FLOAT32_CAUSE)
+    _compare("logsumexp on a float32 input", got, _lse(x32), shown, cause=FLOAT32_CAUSE, rtol=1e-5, atol=1e-5)
+    compile_cases = _op_cases(compiled)(generator)
+    check_compile(op, "logsumexp", _lse, compile_cases, ("x",), generator, backend="aot_eager",
+                  in_graph=f"{NAMESPACE}.logsumexp", facts=facts)
+    passed(f"logsumexp under torch.compile(backend='aot_eager', fullgraph=True): forward and gradients agree "
+           f"({', '.join(str(tuple(c[0].shape)) for c in compile_cases)}), and the graph calls the op.")
