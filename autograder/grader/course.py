@@ -28,6 +28,7 @@ from .writer import Writer
 
 REPORTS = "reports"  # per-assignment plots and status files, in the course root
 GRADES_CSV = "grades.csv"  # nbgrader export's default name
+LMS_CSV = "grades-lms.csv"  # one row per student, one column per assignment: Canvas's and Moodle's import
 
 
 def grade(options: Options, config: Config, pool: Pool, console: Console) -> tuple[list[report.Outcome], list[discover.Submission]]:
@@ -183,10 +184,14 @@ def _outcome(submission, notebook_results) -> report.Outcome:
 
 
 def _export(coursedir: CourseDirectory, config: Config, assignments: set[str]) -> None:
-    """grades.csv as `nbgrader export` writes it; a plot of each assignment's points per exercise."""
+    """grades.csv as `nbgrader export` writes it; grades-lms.csv for Canvas and Moodle; a
+    plot of each assignment's totals and exercises (failed submissions as last-run.csv says)."""
     root = Path(coursedir.root)
     with Gradebook(coursedir.db_url, coursedir.course_id) as gb:
         CsvExportPlugin(config=config, to=str(root / GRADES_CSV)).export(gb)
+        report.write_lms(gb, root / LMS_CSV)
     for assignment in sorted(assignments):
         source = Path(coursedir.format_path(coursedir.source_directory, ".", assignment))
-        report.plot(coursedir.db_url, coursedir.course_id, assignment, source, root / REPORTS / assignment / "grades.png")
+        failed = report.read_failed(root / REPORTS / assignment / "last-run.csv")
+        report.plot(coursedir.db_url, coursedir.course_id, assignment, source, root / REPORTS / assignment / "grades.png",
+                    failed)
