@@ -277,6 +277,8 @@ def _mutant(label: str):
     ("saves the output too", "Checkpoint saved the output, float64 of shape (3, 4), 96 bytes; the tensor inputs"),
     ("keeps forward's graph on ctx instead of recomputing", "Checkpoint: tensor `ctx.inputs[0]` (the input `x`"),
     ("recomputes from inputs that do not require grad",
+     "Checkpoint: backward raised RuntimeError: `inputs` argument to `grad()` cannot be empty"),
+    ("recomputes without recording (no enable_grad)",
      "Checkpoint: backward raised RuntimeError: element 0 of tensors does not require grad"),
 ])
 def test_checkpoint_mutants(label, expected):
@@ -290,6 +292,8 @@ def test_checkpoint_messages_name_the_cause():
     message = failure(m.check_checkpoint, _mutant("returns None for the parameters (the guide's CheckpointedSequential)"))
     assert "parameters included" in message
     message = failure(m.check_checkpoint, _mutant("recomputes from inputs that do not require grad"))
+    assert "requires_grad_(needed)" in message
+    message = failure(m.check_checkpoint, _mutant("recomputes without recording (no enable_grad)"))
     assert "torch.enable_grad()" in message
 
 

@@ -4,6 +4,7 @@ gradients; a checkpoint written by hand; saved-tensor hooks that compress to bfl
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
@@ -371,9 +372,10 @@ def _checkpoint_backward_cause(message: str) -> str | None:
     if "does not require grad and does not have a grad_fn" in message:
         return ("the recomputed output has no graph: recompute inside `with torch.enable_grad():` (backward runs "
                 "with recording off), from detached copies of the inputs that require grad where the originals do.")
-    if "One of the differentiated Tensors does not require grad" in message:
-        return ("differentiate only with respect to the recomputed inputs that require grad: make them with "
-                "`t.detach().requires_grad_(needed)`, needed = ctx.needs_input_grad for that input.")
+    if "One of the differentiated Tensors does not require grad" in message or "cannot be empty" in message:
+        return ("the recomputed inputs must require grad where the originals do: make them with "
+                "`t.detach().requires_grad_(needed)`, needed = ctx.needs_input_grad for that input, and "
+                "differentiate with respect to those that require grad.")
     return None
 
 
@@ -588,14 +590,8 @@ def _check_hooks_once(hooks: Any, args: tuple, scale: float, totals: list[int]) 
     meta = args[0].device.type == "meta"
     with quiet():
         found = probe.invoke(memory.hooks_run, hooks, memory.HOOKS_GRAPH, args)
-    try:
-        error = probe.ProbeError.from_data(found["error"])
-        saved, grads = list(found["saved"]), list(found["grads"])
-        for r in saved:
-            r["dtype"], r["shape"], r["nbytes"], r["parameter"], r["packed"]  # noqa: B018  (the form)
-    except (KeyError, TypeError, ValueError) as bad:
-        raise probe.Malformed(f"malformed hooks report: {bad}") from None
-    x, w1, b1, w2, index, keep = args
+    error, saved, grads = _hooks_report(found)
+    x, index = args[0], args[4]
     shown = [
         "the graph: h = tanh(x @ w1 + b1).masked_fill(~keep, 0); loss = ((h @ w2).gather(1, index) ** 2).sum()",
         f"x: {_dtype(x)} {tuple(x.shape)} (no grad); w1, b1, w2: parameters; index: int64 {tuple(index.shape)}"
@@ -643,6 +639,27 @@ def _check_hooks_once(hooks: Any, args: tuple, scale: float, totals: list[int]) 
     totals = [totals[0] + sum(r["nbytes"] for r in saved if _activation(r)),
               totals[1] + sum(_packed_bytes(r) for r in saved if _activation(r))]
     return totals
+
+
+def _hooks_report(found: Any) -> tuple[probe.ProbeError | None, list[dict], list]:
+    """(error, saved, gradients) of a hooks_run report, checked for form (it comes from the
+    student's process)."""
+    try:
+        error = probe.ProbeError.from_data(found["error"])
+        saved, grads = list(found["saved"]), list(found["grads"])
+        for r in saved:
+            unpacked = r["unpacked"]
+            if not (
+                isinstance(r["dtype"], str) and isinstance(r["device"], str) and isinstance(r["shape"], list)
+                and isinstance(r["nbytes"], int) and isinstance(r["parameter"], bool)
+                and isinstance(r["own_memory"], bool)
+                and all(isinstance(p["dtype"], str) and isinstance(p["nbytes"], int) for p in r["packed"])
+                and (unpacked is None or isinstance(unpacked["type"], str))
+            ):
+                raise ValueError("a saved tensor's record")
+    except (AttributeError, KeyError, TypeError, ValueError) as bad:
+        raise probe.Malformed(f"malformed hooks report: {bad}") from None
+    return error, saved, grads
 
 
 def _norm(tensors: Sequence[torch.Tensor]) -> float:
@@ -706,9 +723,12 @@ def _check_unpacked(r: dict, shown: list[str]) -> None:
                  "above 256 comes back rounded (257 becomes 256).")
         return
     difference = u.get("difference", 0.0)
-    if not (isinstance(difference, float) and difference <= VALUE_BOUND) and not u["equal"]:
+    if not isinstance(difference, (int, float)) or not isinstance(u["equal"], bool):
+        raise probe.Malformed("malformed unpacked record")
+    difference = float(difference)
+    if not difference <= VALUE_BOUND and not u["equal"]:
         cause = ("float16 overflows above 65504 (to inf): bfloat16 keeps float32's range with fewer digits."
-                 if not difference == difference or difference == float("inf") else
+                 if math.isnan(difference) or math.isinf(difference) else
                  "store floating-point activations as bfloat16 (8 significant bits): fewer bits lose more.")
         fail(
             f"save_as_bf16: unpack gave back {what} with values that differ from the saved ones by up to "

@@ -69,9 +69,8 @@ class LinearReLU(torch.autograd.Function):
     wrong("manual_checkpoint", "restores the generator without fork_rng (moves the caller's generator)",
           ("with torch.random.fork_rng(devices=ctx.devices), torch.enable_grad():", "with torch.enable_grad():")),
     wrong("manual_checkpoint", "returns None for the parameters (the guide's CheckpointedSequential)",
-          ("wrt = [t for t in inputs if t.requires_grad]", "wrt = inputs[:1] if inputs[0].requires_grad else []"),
-          ("grads = iter(torch.autograd.grad(output, wrt, grad_output, allow_unused=True))",
-           "grads = iter(torch.autograd.grad(output, wrt, grad_output, allow_unused=True) + (None,) * len(inputs))")),
+          ("return (None, *(next(grads) if t.requires_grad else None for t in inputs))",
+           "return (None, next(grads) if inputs[0].requires_grad else None, *[None] * (len(inputs) - 1))")),
     wrong("manual_checkpoint", "saves the output too",
           ("        ctx.save_for_backward(*inputs)\n        return run(*inputs)  # forward records nothing: no intermediate of run is kept",
            "        output = run(*inputs)\n        ctx.save_for_backward(*inputs, output)\n        return output"),
@@ -88,11 +87,13 @@ class Checkpoint(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         return (None, *torch.autograd.grad(ctx.output, ctx.inputs, grad_output))
-'''),
+''', flag="asks autograd for the gradient inside backward"),
     wrong("manual_checkpoint", "recomputes from inputs that do not require grad",
           ("inputs = [t.detach().requires_grad_(needs) for t, needs in zip(ctx.saved_tensors, ctx.needs_input_grad[1:])]",
-           "inputs = [t.detach() for t in ctx.saved_tensors]"),
-          ("wrt = [t for t in inputs if t.requires_grad]", "wrt = inputs")),
+           "inputs = [t.detach() for t in ctx.saved_tensors]")),
+    wrong("manual_checkpoint", "recomputes without recording (no enable_grad)",
+          ("with torch.random.fork_rng(devices=ctx.devices), torch.enable_grad():",
+           "with torch.random.fork_rng(devices=ctx.devices):")),
     # save_as_bf16
     wrong("save_as_bf16", "unpack gives back bfloat16", ("return t if dtype is None else t.to(dtype)", "return t")),
     wrong("save_as_bf16", "compresses the parameters too",
@@ -161,6 +162,27 @@ class LinearReLU(torch.autograd.Function):
             g.sum(dim=0) if ctx.needs_input_grad[2] else None,
         )
 '''),
+    right("manual_checkpoint", "the state saved for backward, restored by hand instead of fork_rng, all inputs differentiated",
+          ("        ctx.run = run\n        ctx.devices = sorted({t.device.index or 0 for t in inputs if t.is_cuda})\n"
+           "        ctx.states = [torch.get_rng_state(), *(torch.cuda.get_rng_state(d) for d in ctx.devices)]\n"
+           "        ctx.save_for_backward(*inputs)\n",
+           "        ctx.run = run\n        ctx.save_for_backward(torch.get_rng_state(), *inputs)\n"),
+          ("        inputs = [t.detach().requires_grad_(needs) for t, needs in zip(ctx.saved_tensors, ctx.needs_input_grad[1:])]\n"
+           "        with torch.random.fork_rng(devices=ctx.devices), torch.enable_grad():\n"
+           "            torch.set_rng_state(ctx.states[0])\n"
+           "            for device, state in zip(ctx.devices, ctx.states[1:]):\n"
+           "                torch.cuda.set_rng_state(state, device)\n"
+           "            output = ctx.run(*inputs)\n",
+           "        state, *saved = ctx.saved_tensors\n"
+           "        inputs = [t.detach().requires_grad_() for t in saved]\n"
+           "        callers = torch.get_rng_state()\n"
+           "        torch.set_rng_state(state)\n"
+           "        try:\n"
+           "            with torch.enable_grad():\n"
+           "                output = ctx.run(*inputs)\n"
+           "        finally:\n"
+           "            torch.set_rng_state(callers)\n"),
+          ("return (None, *(next(grads) if t.requires_grad else None for t in inputs))", "return (None, *grads)")),
     right("manual_checkpoint", "Tensor.backward on the replay, every input requiring grad, the state saved", source='''
 class Checkpoint(torch.autograd.Function):
     @staticmethod
@@ -178,7 +200,7 @@ class Checkpoint(torch.autograd.Function):
             with torch.enable_grad():
                 ctx.run(*inputs).backward(grad_output)
         return (None, *(t.grad for t in inputs))
-'''),
+''', flag="asks autograd for the gradient inside backward"),
     right("save_as_bf16", "float32 rounded to bfloat16 bits by hand, a dict, float64 via .to", source='''
 class save_as_bf16(torch.autograd.graph.saved_tensors_hooks):
     def __init__(self):
