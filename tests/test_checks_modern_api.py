@@ -319,8 +319,8 @@ def test_forward_mode_gradcheck_uses_the_students_own_forward():
 
 @pytest.mark.parametrize("edits, expected", [
     ((("return x.new_empty(x.shape[:-1])", "return torch.empty_like(x)"),),
-     "the fake kernel says shape (3, 4) and dtype float64; the op returns shape (3,)"),
-    ((("return x.new_empty(x.shape[:-1])", "return torch.empty(x.shape[:-1])"),), "dtype float32; the op returns"),
+     "the fake kernel says shape (3, 4), dtype float64 and device cpu; the op returns shape (3,)"),
+    ((("return x.new_empty(x.shape[:-1])", "return torch.empty(x.shape[:-1])"),), "dtype float32 and device cpu; the op"),
     ((("torch.from_numpy(np.asarray(out))", "torch.from_numpy(out)"),), "np.asarray(...)"),
     ((("ctx.save_for_backward(x, output)", "ctx.save_for_backward(output, x)"),), "backward raised RuntimeError"),
     ((("return grad.unsqueeze(-1) * torch.exp(x - out.unsqueeze(-1))",

@@ -243,6 +243,17 @@ def batched(sample: torch.Tensor, dims: Sequence[int | None], sizes: Sequence[in
     return torch.randn(tuple(shape_), generator=generator, dtype=sample.dtype)
 
 
+def vmap_case(samples: Sequence[Any], levels: Sequence[Sequence[int | None]], sizes: Sequence[int],
+              generator: torch.Generator) -> VmapCase:
+    """A VmapCase for a function of `samples` (one sample's arguments: tensors give the shape
+    and dtype, anything else is passed as it is): `levels[k]` holds one in_dims entry per
+    argument for vmap level k (outermost first, None for non-tensors and unbatched tensors),
+    `sizes[k]` its batch size. The tensors are drawn from `generator`."""
+    args = tuple(batched(a, [dims[i] for dims in levels], sizes, generator) if isinstance(a, torch.Tensor) else a
+                 for i, a in enumerate(samples))
+    return VmapCase(args, tuple(tuple(dims) for dims in levels))
+
+
 def _batch_size(args: Sequence[Any], dims: Sequence[Any]) -> int:
     for a, d in zip(args, dims):
         if d is not None:
@@ -420,12 +431,18 @@ def check_forward_ad(student: Any, name: str, reference: Reference, cases: Seque
                 if error is not None:
                     _fail_error(f"torch.func.hessian of ({name}.apply(...) * weights).sum()", error, shown, facts)
                 first = slots[0]
-                want = torch.autograd.functional.hessian(
-                    lambda t: sum((o * w).sum() for o, w in zip(_floating(reference(*_with(args, [first], [t]))), weights)),
-                    args[first].detach())
+                want = _reference_hessian(reference, args, first, weights)
                 _compare(f"{name}: torch.func.hessian with respect to `{names[first]}`", found["hessian"], want,
                          shown + [f"weights = {show(weights[0])}"])
             _forward_gradcheck(student, name, args, arg_names, generator, facts)
+
+
+def _reference_hessian(reference: Reference, args: Sequence[Any], first: int, weights: list[torch.Tensor]) -> torch.Tensor:
+    """The Hessian of <reference(*args), weights> with respect to args[first] (torch.autograd)."""
+    def scalar(t: torch.Tensor) -> torch.Tensor:
+        return sum((o * w).sum() for o, w in zip(_floating(reference(*_with(args, [first], [t]))), weights))
+
+    return torch.autograd.functional.hessian(scalar, args[first].detach())
 
 
 def _forward_gradcheck(student: Any, name: str, args: tuple, arg_names: Sequence[str], generator: torch.Generator,
@@ -552,12 +569,14 @@ def check_custom_op(op: Any, name: str, cases: Sequence[tuple], expected: Callab
             want = list(expected(tuple(args)))
             if len(outs) != len(want):
                 fail(f"{qualname}: the fake kernel returned {len(outs)} tensor(s), expected {len(want)}.", *shown)
+            device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
             for out, (shape_, dtype) in zip(outs, want):
-                got_shape, got_dtype = tuple(out["shape"]), out["dtype"]
+                got_shape, got_dtype, got_device = tuple(out["shape"]), out["dtype"], out["device"]
                 want_dtype = str(dtype).removeprefix("torch.")
-                if got_shape != tuple(shape_) or got_dtype != want_dtype:
-                    fail(f"{qualname}: the fake kernel says shape {got_shape} and dtype {got_dtype}; the op returns "
-                         f"shape {tuple(shape_)} and dtype {want_dtype}.", *shown,
+                if got_shape != tuple(shape_) or got_dtype != want_dtype or got_device != device:
+                    fail(f"{qualname}: the fake kernel says shape {got_shape}, dtype {got_dtype} and device "
+                         f"{got_device}; the op returns shape {tuple(shape_)}, dtype {want_dtype} and device {device}.",
+                         *shown,
                          cause="the fake kernel must describe the real output exactly: its shape (the reduced dim "
                          "removed) and the input's dtype, e.g. `x.new_empty(x.shape[:-1])` (new_empty keeps x's "
                          "dtype and device; torch.empty(shape) would be float32 on the CPU).")
@@ -618,7 +637,7 @@ def _clip_vmap_cases(specs: Sequence[ClipCase], generator: torch.Generator) -> l
         dim = (0, len(shape_), 1)[k % 3]  # the batch first, last, then second
         dim = dim if dim <= len(shape_) else 0
         xs = inputs.uniform(tuple(shape_[:dim]) + (3,) + tuple(shape_[dim:]), generator, -1.0, clip + 1.0,
-                            kinks=(0.0, clip))
+                            kinks=(0.0, clip))  # away from the kinks, so not vmap_case's normal values
         found.append(VmapCase((xs, clip), ((dim, None),)))
     return found
 
@@ -682,9 +701,7 @@ def _vmap_rule_cases(specs: Sequence[VmapSpec], generator: torch.Generator) -> l
     found = []
     for sample_shape, dim, levels, sizes in specs:
         sample = torch.empty(tuple(sample_shape), dtype=torch.float64)
-        x = batched(sample, [d[0] for d in levels], sizes, generator)
-        y = batched(sample, [d[1] for d in levels], sizes, generator)
-        found.append(VmapCase((x, y, dim), tuple((d[0], d[1], None) for d in levels)))
+        found.append(vmap_case((sample, sample, dim), [(d[0], d[1], None) for d in levels], sizes, generator))
     return found
 
 

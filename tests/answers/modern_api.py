@@ -220,4 +220,27 @@ def logsumexp_backward(ctx, grad):
 
 logsumexp.register_autograd(logsumexp_backward, setup_context=logsumexp_setup_context)
 '''),
+    right("logsumexp_op", "torch.library.register_fake / register_autograd by name, torch.as_tensor", source='''
+@torch.library.custom_op("modern_api::logsumexp", mutates_args=())
+def logsumexp(x: torch.Tensor) -> torch.Tensor:
+    """log Σ exp(x) over the last dim, computed by NumPy."""
+    return torch.as_tensor(np.logaddexp.reduce(x.detach().cpu().numpy(), axis=-1), device=x.device, dtype=x.dtype)
+
+
+@torch.library.register_fake("modern_api::logsumexp")
+def _(x):
+    return x.sum(-1).new_empty(x.shape[:-1])
+
+
+def setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], output)
+
+
+def backward(ctx, grad):
+    x, out = ctx.saved_tensors
+    return torch.exp(x - out[..., None]) * grad[..., None]
+
+
+torch.library.register_autograd("modern_api::logsumexp", backward, setup_context=setup)
+'''),
 ]
