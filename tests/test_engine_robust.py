@@ -201,4 +201,4 @@ def test_kill_and_resume(tmp_path):
 
 def _sandbox_processes() -> list[str]:
     ps = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True).stdout.splitlines()
-    return [line for line in ps if "autograder.engine.zygote" in line]
+    return [line for line in ps if "autograder.runner.zygote" in line]

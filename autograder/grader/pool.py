@@ -74,7 +74,10 @@ class Worker:
 
     def preload(self, modules: list[str]) -> None:
         self.modules = modules
-        self.control.send({"op": "preload", "modules": modules})
+        try:
+            self.control.send({"op": "preload", "modules": modules})
+        except OSError:  # it died: started again (preloading these) before its next notebook
+            self.kill()
 
     def _ensure_ready(self) -> None:
         if self.process is None or self.process.poll() is not None:
@@ -185,11 +188,16 @@ class Worker:
             raise conversation.lost
 
     def _finish(self, run: Run, started: float, limits: Limits, explain_exit: bool) -> None:
-        """Wait for the worker's report on the child (replacing a worker that does not answer)."""
+        """Wait for the worker's report on the child (replacing a worker that does not answer).
+        Raises WorkerError when the worker itself died: then the notebook ended with it,
+        through no doing of its own, and is run again elsewhere."""
         try:
             report, _, _ = self.control.receive(timeout=GRACE)
         except (TimeoutError, ProtocolError):
+            died = self.process is not None and self.process.poll() is not None
             self.kill()
+            if died:
+                raise WorkerError("the worker died while it ran the notebook") from None
             run.failure = run.failure or "the notebook did not exit"
             return
         run.seconds = time.monotonic() - started

@@ -1,0 +1,152 @@
+"""Fault injection: the grader killed (SIGKILL) again and again — at random moments and in
+the middle of saving a submission — and a warm worker killed mid-notebook; each time it is
+run again. In the end the gradebook, autograded/ and grades.csv are those of a clean run:
+nothing lost, nothing half-saved, nothing graded twice."""
+from __future__ import annotations
+
+import csv
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from nbgrader.api import Gradebook
+
+from engine_course import clone, grade, solutions
+from grading import Course
+
+pytestmark = pytest.mark.slow
+SLUG = "03_function_basics"
+STUDENTS = [f"s{k:02d}" for k in range(12)]
+RANDOM_KILLS, SAVE_KILLS = 14, 9  # at least 20 in all
+# A grader that kills itself at one step of its `at`-th save: before the gradebook
+# transaction, inside it (writing the autograded notebooks), or after its commit and
+# before the folder moves into autograded/.
+FAULTY = """
+import os, signal, sys
+from autograder.grader import gradebook, writer
+step, at = sys.argv[1], int(sys.argv[2])
+saves = [0]
+
+def dying(original, when):
+    def wrapper(*args, **kwargs):
+        if when == step:
+            saves[0] += 1
+            if saves[0] == at:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return original(*args, **kwargs)
+    return wrapper
+
+writer.gradebook.transaction = dying(gradebook.transaction, "before")
+writer.nbformat.write = dying(writer.nbformat.write, "inside")
+writer._set_permissions = dying(writer._set_permissions, "after commit")
+from autograder.cli import app
+sys.argv = ["autograder", "grade", "--jobs", "1", "--timeout", "60"]
+app()
+"""
+
+
+def _state(course: Course) -> dict:
+    """What a run leaves: every score and flag, each submission's files, grades.csv."""
+    with Gradebook(course.db_url) as gb:
+        grades = {(s.student.id, nb.name, g.name): (g.auto_score, g.needs_manual_grade)
+                  for s in gb.assignment_submissions(SLUG) for nb in s.notebooks for g in nb.grades}
+        flags = {(s.student.id, nb.name): nb.flagged for s in gb.assignment_submissions(SLUG) for nb in s.notebooks}
+    files = {student: sorted(str(p.relative_to(course.root / "autograded" / student)) for p in
+                             (course.root / "autograded" / student).rglob("*") if p.is_file())
+             for student in STUDENTS if (course.root / "autograded" / student).exists()}
+    with open(course.root / "grades.csv", newline="") as f:
+        rows = sorted(tuple(sorted(row.items())) for row in csv.DictReader(f))
+    return {"grades": grades, "flags": flags, "files": files, "grades.csv": rows}
+
+
+def _graded_at(course: Course) -> dict[str, int]:
+    return {s: (course.root / "autograded" / s / SLUG / f"{SLUG}.ipynb").stat().st_mtime_ns
+            for s in STUDENTS if (course.root / "autograded" / s / SLUG / f"{SLUG}.ipynb").exists()}
+
+
+AUTOGRADER = str(Path(sys.executable).with_name("autograder"))
+
+
+def _start(course: Course, *command: str) -> subprocess.Popen:
+    return subprocess.Popen(command, cwd=course.root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def _kill(process: subprocess.Popen) -> None:
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+@pytest.fixture(scope="module")
+def courses(tmp_path_factory):
+    course = Course(tmp_path_factory.mktemp("faults"), [SLUG])
+    model = solutions(SLUG)
+    for k, student in enumerate(STUDENTS):
+        course.submit(student, SLUG, model if k % 2 == 0 else {**model, "linear": "raise NotImplementedError"})
+    clean = clone(course, tmp_path_factory.mktemp("clean"))
+    assert grade(clean, "--jobs", "1").returncode == 0
+    return course, clean
+
+
+def test_killed_at_random_and_while_saving_it_ends_as_a_clean_run(courses):
+    course, clean = courses
+    rng = random.Random(1)
+    faults = [("random", rng.uniform(0.5, 12.0)) for _ in range(RANDOM_KILLS)]
+    faults += [(step, at) for step in ("before", "inside", "after commit") for at in (1, 2, 3)]
+    rng.shuffle(faults)
+    first_seen: dict[str, int] = {}
+    for kind, when in faults:
+        if kind == "random":
+            process = _start(course, AUTOGRADER, "grade", "--jobs", "1", "--timeout", "60")
+            try:
+                process.wait(timeout=when)
+            except subprocess.TimeoutExpired:
+                _kill(process)
+        else:
+            _start(course, sys.executable, "-c", FAULTY, kind, str(when)).wait(timeout=300)
+        for student, mtime in _graded_at(course).items():  # once saved, never graded again
+            assert first_seen.setdefault(student, mtime) == mtime, f"{student} was graded twice"
+    result = grade(course, "--jobs", "1")
+    assert result.returncode == 0, result.stderr
+    assert all(first_seen.get(s, t) == t for s, t in _graded_at(course).items())
+    assert _state(course) == _state(clean)
+
+
+def test_a_worker_killed_mid_notebook_is_replaced_and_the_notebook_graded_once(courses, tmp_path):
+    _, clean = courses
+    course = clone(clean, tmp_path)
+    autograded = course.root / "autograded"
+    started = time.time()
+    grader = subprocess.Popen([AUTOGRADER, "grade", "--force", "--jobs", "1"],
+                              cwd=course.root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    killed, saved_before = 0, -1
+    deadline = time.monotonic() + 120
+    while killed < 2 and time.monotonic() < deadline and grader.poll() is None:
+        saved = sum(1 for p in autograded.glob(f"*/{SLUG}") if p.stat().st_mtime > started)
+        notebooks = [p for p in psutil.Process(grader.pid).children(recursive=True) if _is_notebook(p)]
+        if notebooks and saved > saved_before:  # a notebook runs, and not the one killed last time: kill its worker
+            psutil.Process(notebooks[0].ppid()).kill()
+            killed, saved_before = killed + 1, saved
+        time.sleep(0.02)
+    assert grader.wait(timeout=300) == 0, grader.stderr.read()
+    assert killed == 2
+    assert _state(course) == _state(clean)
+
+
+def _is_notebook(process: psutil.Process) -> bool:
+    """A notebook's child: forked from a warm worker (the same Python command line; bubblewrap's
+    own processes carry it as arguments)."""
+    try:
+        return all(_is_worker(p.cmdline()) for p in (process, process.parent()))
+    except psutil.Error:
+        return False
+
+
+def _is_worker(command: list[str]) -> bool:
+    return "autograder.runner.zygote" in command and not command[0].endswith("bwrap")
