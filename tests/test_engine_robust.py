@@ -202,3 +202,34 @@ def test_kill_and_resume(tmp_path):
 def _sandbox_processes() -> list[str]:
     ps = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True).stdout.splitlines()
     return [line for line in ps if "autograder.runner.zygote" in line]
+
+
+def test_one_grader_per_course_the_second_is_told_who_holds_it(tmp_path):
+    """A second run on the same course exits at once (code 3) naming the first; the first
+    is not disturbed and grades everyone."""
+    course = Course(tmp_path, [SLUG])
+    model = solutions(SLUG)
+    students = [f"s{k}" for k in range(6)]
+    for student in students:
+        course.submit(student, SLUG, model)
+    command = [str(Path(sys.executable).with_name("autograder")), "grade", SLUG, "--jobs", "1"]
+    first = subprocess.Popen(command, cwd=course.root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)  # it has taken the course
+    started = time.monotonic()
+    second = grade(course, SLUG)
+    assert time.monotonic() - started < 10
+    assert second.returncode == 3, second.stderr
+    assert "being graded already" in second.stderr and f"pid {first.pid}" in second.stderr
+    assert first.wait(timeout=300) == 0, first.stderr.read()
+    assert _complete(course) == {s: True for s in students}
+
+
+def test_feedback_for_submissions_graded_before(tmp_path):
+    course = Course(tmp_path, [SLUG])
+    course.submit("alice", SLUG, solutions(SLUG))
+    assert grade(course, SLUG).returncode == 0
+    assert not (course.root / "feedback").exists()
+    result = grade(course, SLUG, "--feedback")  # nothing left to grade: feedback all the same
+    assert result.returncode == 0, result.stderr
+    assert (course.root / "feedback" / "alice" / SLUG / f"{SLUG}.html").exists()
+    assert "Feedback: 1 of 1 submissions" in result.stderr

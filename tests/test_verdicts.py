@@ -107,3 +107,17 @@ def test_warm_pays_the_graders_first_call_costs_before_any_verdict():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "False", "[]"]
+
+
+def test_a_module_the_notebook_imported_is_the_graders_own():
+    """`torch` in a test cell is torch (not a proxy of the student's module); a module name
+    the grader has not loaded stays the student's."""
+    import math
+    import types
+
+    import torch
+
+    ns = {"torch": torch, "m": math, "odd": types.ModuleType("antigravity")}
+    names = StudentNames(loopback(ns))
+    assert names["torch"] is torch and names["m"] is math
+    assert repr(names["odd"]) == "<the student's odd>"

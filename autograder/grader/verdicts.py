@@ -31,6 +31,15 @@ from ..student.serve import resolve
 from .records import Verdict
 
 
+def _module(name: Any) -> Any:
+    """The grader's own module of that name (a module the notebook imported: torch,
+    torch.nn.functional, math, ...), if the grader has loaded it; nothing is imported for a
+    name a student chose."""
+    if not isinstance(name, str) or name.split(".")[0] == __package__.split(".")[0]:
+        return None
+    return sys.modules.get(name)
+
+
 class StudentNames(dict):
     """The cell's own names, falling back to the student's (fetched on first use)."""
 
@@ -50,7 +59,7 @@ class StudentNames(dict):
             raise
         if not isinstance(found, dict) or not isinstance(found.get("data"), bool):
             raise probe.Malformed(f"malformed answer for the name {name!r}")
-        value = found.get("value") if found["data"] else Remote(name, self.transport)
+        value = found.get("value") if found["data"] else _module(found.get("module")) or Remote(name, self.transport)
         self[name] = self.fetched[name] = value
         return value
 

@@ -8,6 +8,7 @@ other code can be asked for: the procedures only compute, the grader judges.
 from __future__ import annotations
 
 import importlib
+import types
 from typing import Any
 
 from . import probe, wire
@@ -17,8 +18,11 @@ PACKAGE = __package__ + "."  # procedures and references live in this package on
 
 @probe.procedure
 def resolve(obj: Any) -> dict:
-    """A name in the student's notebook: plain data is copied to the grader; anything else
-    stays where it is (and is reached through a proxy)."""
+    """A name in the student's notebook: plain data is copied to the grader; a module is
+    named (the grader imports its own: `torch` in a test cell is torch); anything else stays
+    where it is (and is reached through a proxy)."""
+    if isinstance(obj, types.ModuleType):
+        return {"data": False, "module": obj.__name__}
     try:
         wire.encode(obj)
     except wire.WireError:
