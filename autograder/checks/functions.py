@@ -49,8 +49,7 @@ def check_function(student: Any, spec: FunctionSpec, *, seed: int | None = 0) ->
     `seed=None` draws fresh inputs (hidden tests), an int reproduces them.
     """
     __tracebackhide__ = True
-    generator = torch.Generator()
-    generator.manual_seed(inputs.seed_of(seed))
+    generator = inputs.generator(seed)
     with quiet():
         names = probe.argument_names(student)
         cases = spec.cases(generator)

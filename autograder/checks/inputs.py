@@ -20,6 +20,13 @@ def seed_of(seed: int | None) -> int:
     return secrets.randbits(63) if seed is None or _fresh.get() else seed
 
 
+def generator(seed: int | None) -> torch.Generator:
+    """The random generator a check draws its inputs from (see `seed_of`)."""
+    found = torch.Generator()
+    found.manual_seed(seed_of(seed))
+    return found
+
+
 @contextlib.contextmanager
 def fresh_inputs() -> Iterator[None]:
     """Checks draw inputs nobody could have seen (the grader's trusted re-run), so code that

@@ -227,8 +227,7 @@ def check_hvp(
 ) -> None:
     """hvp(f, x, v) = H(x) v for scalar functions f (some built from custom Functions)."""
     __tracebackhide__ = True
-    generator = torch.Generator()
-    generator.manual_seed(inputs.seed_of(seed))
+    generator = inputs.generator(seed)
     count = 0
     with quiet():
         for shape in shapes:

@@ -91,8 +91,7 @@ def check_linear(
     for with_bias, name in ((True, "Linear"), (False, "Linear with bias=None")):
         spec = replace(LINEAR, name=name, cases=_linear_cases(with_bias, *sizes))
         check_function(student, spec, seed=seed)
-    generator = torch.Generator()
-    generator.manual_seed(inputs.seed_of(seed))
+    generator = inputs.generator(seed)
     x, w, b = _linear_cases(True, *sizes)(generator)[0]
     with quiet():
         for needed in _subsets(3):

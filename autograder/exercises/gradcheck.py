@@ -261,12 +261,6 @@ def _same_values(actual: Any, candidate: Any, *, rtol: float, atol: float) -> bo
     return isinstance(actual, (int, float)) and abs(actual - candidate) <= atol + rtol * abs(candidate)
 
 
-def _seeded(seed: int | None) -> torch.Generator:
-    generator = torch.Generator()
-    generator.manual_seed(inputs.seed_of(seed))
-    return generator
-
-
 def _devices_note() -> None:
     if "cuda" not in devices.available():
         note(devices.NO_CUDA)
@@ -308,7 +302,7 @@ def check_numerical_jacobian(
 ) -> None:
     """numerical_jacobian(f, inputs, eps) must equal torch's central differences, in gradcheck's layout."""
     __tracebackhide__ = True
-    cases = _jacobian_cases(_seeded(seed))
+    cases = _jacobian_cases(inputs.generator(seed))
     for device in devices.available():
         for case in (c.on(device) for c in cases):
             for e in eps:
@@ -402,7 +396,7 @@ def check_mini_gradcheck(mini_gradcheck: Callable, analytical: Callable, *, seed
     """analytical_jacobian must equal backward's Jacobian; mini_gradcheck must agree with
     torch.autograd.gradcheck and, on a mismatch, raise an exception naming the entry."""
     __tracebackhide__ = True
-    generator = _seeded(seed)
+    generator = inputs.generator(seed)
     cases = _mini_gradcheck_cases(generator)
     for device in devices.available():
         for case in (c.on(device) for c in cases):
@@ -673,7 +667,7 @@ def _error_mistakes(case: Approximation) -> dict[str, Callable[[], float]]:
 def check_max_gradient_error(student: Callable, *, seed: int | None = 0) -> None:
     """max_gradient_error(f, x, eps) must return (largest |backward - central difference|, x there)."""
     __tracebackhide__ = True
-    cases = _approximations(_seeded(seed))
+    cases = _approximations(inputs.generator(seed))
     for device in devices.available():
         for case in cases:
             x = case.x.to(device)

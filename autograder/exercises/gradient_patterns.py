@@ -16,12 +16,6 @@ Shape = Sequence[int]
 Mistakes = Sequence[tuple[Callable[[], torch.Tensor], str]]
 
 
-def _generator(seed: int | None) -> torch.Generator:
-    generator = torch.Generator()
-    generator.manual_seed(inputs.seed_of(seed))
-    return generator
-
-
 def _shown(names: Sequence[str], args: Sequence[Any]) -> list[str]:
     return [f"{n} = {show(a)}" for n, a in zip(names, args)]
 
@@ -178,7 +172,7 @@ def check_unbroadcast(
 ) -> None:
     """unbroadcast(grad, shape) sums grad down to `shape`; each pair is (grad.shape, shape)."""
     __tracebackhide__ = True
-    generator = _generator(seed)
+    generator = inputs.generator(seed)
     with quiet():
         for k, (grad_shape, shape) in enumerate(pairs):
             grad = inputs.normal(grad_shape, generator)
@@ -286,7 +280,7 @@ def check_affine(student: type[torch.autograd.Function], *, shapes: Sequence[Aff
     spec = replace(AFFINE, cases=_affine_cases(shapes))
     with probe.substituted(student, {"unbroadcast": gradient_patterns.sum_to_size}) as substituted:
         check_function(student, spec, seed=seed)
-        check_returned_shapes(student, "Affine", spec.cases(_generator(seed)))
+        check_returned_shapes(student, "Affine", spec.cases(inputs.generator(seed)))
     if substituted:
         note("checked with the course's unbroadcast in place of yours (exercise 4.3 grades yours).")
 
@@ -367,7 +361,7 @@ def check_max(student: Any, *, specs: Sequence[Reduction] = MAX_CASES, seed: int
     """
     __tracebackhide__ = True
     check_function(student, replace(MAX, cases=_reduction_cases(specs, _distinct)), seed=seed)
-    generator = _generator(seed)
+    generator = inputs.generator(seed)
     ties = [*CRAFTED_TIES, *_reduction_cases(specs, _with_ties)(generator)]
     with quiet():
         for device in devices.available():

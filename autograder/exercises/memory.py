@@ -21,12 +21,6 @@ from ..student.saved import Names, Recording, Saved, describe
 Needs = tuple[bool, ...]  # per argument of the call: a tensor that requires grad
 
 
-def _generator(seed: int | None) -> torch.Generator:
-    generator = torch.Generator()
-    generator.manual_seed(inputs.seed_of(seed))
-    return generator
-
-
 def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
@@ -171,7 +165,7 @@ def check_leaky_relu(student: Any, *, shapes: Sequence[Sequence[int]] = ((2, 3),
     __tracebackhide__ = True
     cases = _leaky_cases(shapes, slopes)
     for device in devices.available():
-        for args in cases(_generator(seed)):
+        for args in cases(inputs.generator(seed)):
             recording = judge_budget(student, LEAKY_BUDGET, _prepare(args, device, [True, False]))
     x = recording.args[0]
     passed(f"LeakyReLU saves {recording.nbytes} bytes for x of shape {tuple(x.shape)} ({_dtype(x)}: "
@@ -285,7 +279,7 @@ def check_linear_relu(student: Any, *, shapes: Sequence[Sequence[int]] = ((4, 3,
     __tracebackhide__ = True
     cases = _linear_relu_cases(shapes)
     for device in devices.available():
-        for args in cases(_generator(seed)):
+        for args in cases(inputs.generator(seed)):
             for needs in LINEAR_NEEDS:
                 call = _prepare(args, device, needs)
                 recording = judge_budget(student, LINEAR_RELU_BUDGET, call)
@@ -432,7 +426,7 @@ def check_checkpoint(student: Any, *, shapes: Sequence[Sequence[int]] = ((3, 4),
     """Checkpoint.apply(run, *inputs) = run(*inputs), keeping only the inputs and recomputing
     in backward, with the same random numbers as forward and the caller's generator left alone."""
     __tracebackhide__ = True
-    generator = _generator(seed)
+    generator = inputs.generator(seed)
     for batch, width in shapes:
         for device in devices.available():
             for block in ("residual_tanh", "scaled_sin"):
@@ -567,7 +561,7 @@ def check_save_as_bf16(hooks: Any, *, shapes: Sequence[Sequence[int]] = ((6, 5, 
     if dtype not in ("float32", "float64"):
         raise ValueError(f"dtype must be 'float32' or 'float64', not {dtype!r}")
     dtype = getattr(torch, dtype)
-    generator = _generator(seed)
+    generator = inputs.generator(seed)
     totals = [0, 0]
     for shape in shapes:
         args = _hooks_args(shape, dtype, scale, generator)

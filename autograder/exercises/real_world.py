@@ -19,12 +19,6 @@ Shape = Sequence[int]
 Cases = Callable[[torch.Generator], list[tuple]]
 
 
-def _generator(seed: int | None) -> torch.Generator:
-    generator = torch.Generator()
-    generator.manual_seed(inputs.seed_of(seed))
-    return generator
-
-
 def _shown(names: Sequence[str], args: Sequence[Any]) -> list[str]:
     labels = list(names) if len(names) == len(args) else [f"input {i}" for i in range(len(args))]
     return [f"{n} = {show(a)}" for n, a in zip(labels, args)]
@@ -146,7 +140,7 @@ def check_swish(student: Any, *, cases: Sequence[SwishCase] = SWISH_CASES, seed:
     """Swish(x, beta) = x·σ(beta·x), beta broadcasting against x (a scalar, per channel, ...)."""
     __tracebackhide__ = True
     spec = replace(SWISH, cases=_swish_cases(cases))
-    drawn = spec.cases(_generator(seed))
+    drawn = spec.cases(inputs.generator(seed))
     _saves(student, SWISH_SAVES, drawn[:2])
     passed("Swish saves exactly x and beta, nothing on ctx.")
     check_function(student, spec, seed=seed)
@@ -257,7 +251,7 @@ def check_logsumexp(student: Any, *, cases: Sequence[LseCase] = LOGSUMEXP_CASES,
     """LogSumExp(x, dim) = log Σ exp(x) along dim (dim removed), stable at ±1000, saving its output."""
     __tracebackhide__ = True
     spec = replace(LOGSUMEXP, cases=_lse_cases(cases))
-    drawn = spec.cases(_generator(seed))
+    drawn = spec.cases(inputs.generator(seed))
     names = probe.argument_names(student)
     extreme = [args for args, (_, _, kind) in zip(drawn, cases) if kind == "extreme"]
     with quiet():
@@ -288,7 +282,7 @@ def check_grad_reverse(student: Any, *, cases: Sequence[ReverseCase] = GRAD_REVE
                        seed: int | None = 0) -> None:
     """GradReverse(x, alpha): forward returns x's values; backward returns −alpha·grad_output."""
     __tracebackhide__ = True
-    generator = _generator(seed)
+    generator = inputs.generator(seed)
     names = probe.argument_names(student)
     with quiet():
         check_saved(student, GRAD_REVERSE_SAVES, devices.prepare((inputs.normal((3,), generator), 0.5), "cpu"))
@@ -464,7 +458,7 @@ def check_fixed_point(student: Any, *, cases: Sequence[FixedCase] = FIXED_POINT_
     """TanhFixedPoint(x, W) = z with z = tanh(z Wᵀ + x); backward solves the adjoint system."""
     __tracebackhide__ = True
     spec = replace(FIXED_POINT, cases=_fixed_point_cases(cases))
-    drawn = spec.cases(_generator(seed))
+    drawn = spec.cases(inputs.generator(seed))
     _check_converged(student, drawn, probe.argument_names(student))
     passed(f"TanhFixedPoint: forward converges to the fixed point ({len(drawn)} inputs).")
     _saves(student, FIXED_POINT_SAVES, drawn[:2])
@@ -526,7 +520,7 @@ def answer_swish(question: Any) -> Any:
 def check_classifier(student: Any, *, seed: int | None = 0) -> None:
     """SwishClassifier(n_in, hidden, classes): trained by the check, it must reach TARGET."""
     __tracebackhide__ = True
-    generator = _generator(seed)
+    generator = inputs.generator(seed)
     x, y = spirals(generator)
     init = int(torch.randint(0, 2**31 - 1, (), generator=generator))
     settings = {"hidden": HIDDEN, "classes": CLASSES, "steps": STEPS, "lr": LR, "seed": init}

@@ -24,17 +24,11 @@ def _saves_exactly(student: Any, rule: SaveRule, cases: Cases, seed: int | None,
     """check_saved on every case and device; `copy` applies the Function to a non-leaf
     copy of each argument (in-place Functions cannot modify a leaf that requires grad)."""
     __tracebackhide__ = True
-    generator = _generator(seed)
+    generator = inputs.generator(seed)
     for device in devices.available():
         for args in cases(generator):
             recording = check_saved(student, rule, devices.prepare(args, device), copy=copy)
     return recording
-
-
-def _generator(seed: int | None) -> torch.Generator:
-    generator = torch.Generator()
-    generator.manual_seed(inputs.seed_of(seed))
-    return generator
 
 
 def _bytes(recording: Recording) -> str:
@@ -72,7 +66,7 @@ SAVED_BY_EXAMPLES = (
 def check_saved_by(saved_by: Callable[..., Any], *, shape: Sequence[int] = (4,), seed: int | None = 0) -> None:
     """saved_by(fn, *args) -> [(kind, shape, nbytes)] for each tensor fn saved, in order."""
     __tracebackhide__ = True
-    generator = _generator(seed)
+    generator = inputs.generator(seed)
     for example in SAVED_BY_EXAMPLES:
         x, b = (inputs.normal(shape, generator).requires_grad_() for _ in range(2))
         args = example.args(x, b)
@@ -212,7 +206,7 @@ def check_tanh_(student: type[torch.autograd.Function], *, shapes: Sequence[Sequ
     __tracebackhide__ = True
     cases = _normal_cases(shapes)
     for device in devices.available():
-        for (x,) in cases(_generator(seed)):
+        for (x,) in cases(inputs.generator(seed)):
             _check_in_place(student, devices.prepare((x,), device)[0])
     passed("Tanh_ modifies its input in place, returns it, and declares it with ctx.mark_dirty.")
     recording = _saves_exactly(student, TANH_SAVES, cases, seed, copy=True)
@@ -302,7 +296,7 @@ def check_sort(student: type[torch.autograd.Function], *, shapes: Sequence[Seque
     """Sort(x, dim) -> (values, indices) like torch.sort; the indices are not differentiable."""
     __tracebackhide__ = True
     cases = _sort_cases(shapes, dims)
-    for args in cases(_generator(seed)):
+    for args in cases(inputs.generator(seed)):
         _check_sort_outputs(student, devices.prepare(args, "cpu"))
     passed("Sort returns float values with a grad_fn and int64 indices without one.")
     recording = _saves_exactly(student, SORT_SAVES, cases, seed)

@@ -276,12 +276,6 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and (torch.equal(a, b) or bool(torch.allclose(a, b, rtol=RTOL, atol=ATOL, equal_nan=True)))
 
 
-def _generator(seed: int | None) -> torch.Generator:
-    generator = torch.Generator()
-    generator.manual_seed(inputs.seed_of(seed))
-    return generator
-
-
 def _names(ops: Sequence[Any]) -> list[str]:
     return [fn.__name__.removeprefix("operator_") for fn in ops]
 
@@ -637,7 +631,7 @@ def _judge_cases(cases: list[OpCase], reports: list, second_cause: str) -> None:
 def check_ops(*ops: Callable[..., Any], seed: int | None = 0) -> None:
     """The propagate rules of the given `operator_<name>` functions, to second order."""
     __tracebackhide__ = True
-    generator = _generator(seed)
+    generator = inputs.generator(seed)
     names = _names(ops)
     cases = [case for name in names for case in _op_cases(name, generator)]
     with quiet(), answering(()):
@@ -907,7 +901,7 @@ def check_topological_order(
 def check_hvp(hvp: Callable[..., Any], *, functions: Sequence[str] = tuple(tape.HVP_FUNCTIONS), seed: int | None = 0) -> None:
     """`hvp(f, x, v)`: the Hessian of the scalar f at x times v, using grad twice."""
     __tracebackhide__ = True
-    generator = _generator(seed)
+    generator = inputs.generator(seed)
     with quiet(), answering(tape.NOTEBOOK_OPS):  # f's operations are stand-ins; hvp is under test
         for name in functions:
             f = tape.HVP_FUNCTIONS[name]
