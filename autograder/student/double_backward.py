@@ -56,7 +56,7 @@ def call_hvp(hvp: Any, f: Callable, params: list, x: torch.Tensor, v: torch.Tens
     try:
         value = hvp(traced, x, v)
     except Exception as exc:  # the student's code may raise anything
-        error = asdict(probe.ProbeError("call", type(exc).__name__, str(exc)))
+        error = asdict(probe.ProbeError.of("call", exc))
     finally:
         for hook in hooks:
             hook.remove()

@@ -22,7 +22,7 @@ def run_unbroadcast(student: Any, grad: torch.Tensor, shape: tuple, as_size: boo
     try:
         got = student(grad, torch.Size(shape) if as_size else shape)
     except Exception as exc:  # the student's code may raise anything
-        error = probe.ProbeError("call", type(exc).__name__, str(exc))
+        error = probe.ProbeError.of("call", exc)
         return {"returned": None, "modified": False, "error": asdict(error)}
     returned = got if isinstance(got, torch.Tensor) else type(got).__name__
     return {"returned": returned, "modified": before is not None and not torch.equal(grad, before), "error": None}

@@ -107,7 +107,7 @@ def _record_backward(function: type[torch.autograd.Function], args: tuple) -> di
             wrt = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
             torch.autograd.grad(outs, wrt, [torch.ones_like(o) for o in outs], allow_unused=True)
     except Exception as exc:  # the student's code may raise anything
-        error = asdict(probe.ProbeError(stage, type(exc).__name__, str(exc)))
+        error = asdict(probe.ProbeError.of(stage, exc))
         return {"calls": dict(record.calls), "returned": [], "error": error}
     first = record.returned[0] if record.returned else ()
     first = first if isinstance(first, tuple) else (first,)

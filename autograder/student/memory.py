@@ -242,7 +242,7 @@ def checkpoint_run(function: Any, block: Callable[..., torch.Tensor], args: tupl
             report["grads"] = [None if g is None else g.detach() for g in grads]
             report["generator_kept"] = all(torch.equal(a, b) for a, b in zip(before, _generator_states(devices)))
         except Exception as exc:  # the student's code may raise anything
-            report["error"] = asdict(probe.ProbeError(stage, type(exc).__name__, str(exc)))
+            report["error"] = asdict(probe.ProbeError.of(stage, exc))
     report["calls"] = calls[0]
     return report
 
@@ -282,7 +282,7 @@ def hooks_run(hooks_class: Any, graph: Callable[..., torch.Tensor], args: tuple)
         hooks = hooks_class()
         pack, unpack = hooks.pack_hook, hooks.unpack_hook
     except Exception as exc:  # the student's code may raise anything
-        report["error"] = asdict(probe.ProbeError(stage, type(exc).__name__, str(exc)))
+        report["error"] = asdict(probe.ProbeError.of(stage, exc))
         return report
     saved: list[dict] = report["saved"]
 
@@ -332,7 +332,7 @@ def hooks_run(hooks_class: Any, graph: Callable[..., torch.Tensor], args: tuple)
         grads = torch.autograd.grad(loss, wrt, allow_unused=True)
         report["grads"] = [None if g is None else g.detach() for g in grads]
     except Exception as exc:  # the student's code may raise anything
-        report["error"] = asdict(probe.ProbeError(stage, type(exc).__name__, str(exc)))
+        report["error"] = asdict(probe.ProbeError.of(stage, exc))
     return report
 
 

@@ -25,6 +25,11 @@ class ProbeError:
     message: str
 
     @staticmethod
+    def of(stage: str, exc: BaseException) -> "ProbeError":
+        """What the student's code raised, as data (the one way probes record it)."""
+        return ProbeError.of(stage, exc)
+
+    @staticmethod
     def from_data(data: Any) -> "ProbeError | None":
         if data is None:
             return None
@@ -252,7 +257,7 @@ def _run(fn: Any, args: tuple, grad_outputs: list, grad_grads: list | None) -> d
                 stage = "double backward"
                 probe.grads2 = _second_order(grads, grad_grads, [*wrt, *vs])
     except Exception as exc:  # the student's code may raise anything
-        probe.error = ProbeError(stage, type(exc).__name__, str(exc))
+        probe.error = ProbeError.of(stage, exc)
     return asdict(probe)
 
 
@@ -282,7 +287,7 @@ def forward(fn: Any, args: Sequence[Any]) -> list[torch.Tensor] | ProbeError:
         with torch.no_grad():
             return [t.detach() for t in outputs_of(as_callable(fn)(*args))]
     except Exception as exc:  # the student's code may raise anything
-        return ProbeError("forward", type(exc).__name__, str(exc))
+        return ProbeError.of("forward", exc)
 
 
 def forward_many(fn: Any, arg_sets: list[tuple]) -> list[list[torch.Tensor] | ProbeError]:
@@ -313,7 +318,7 @@ def _meta(fn: Any, args: tuple) -> dict | None:
         stage = "backward"
         torch.autograd.grad(outs, wrt, [torch.ones_like(o) for o in outs], allow_unused=True)
     except Exception as exc:  # the student's code may raise anything
-        return asdict(ProbeError(stage, type(exc).__name__, str(exc)))
+        return asdict(ProbeError.of(stage, exc))
     return None
 
 

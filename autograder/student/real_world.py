@@ -152,7 +152,7 @@ def train_classifier(model_class: Any, x: torch.Tensor, y: torch.Tensor, setting
                 logits = model(x)
             changed = [name for name, p in model.named_parameters() if not torch.equal(p.detach(), before[name])]
     except Exception as exc:  # the student's code may raise anything
-        return {"error": asdict(probe.ProbeError(stage, type(exc).__name__, str(exc)))}
+        return {"error": asdict(probe.ProbeError.of(stage, exc))}
     finally:
         _calls = None
     return {

@@ -149,7 +149,7 @@ def saved_by_result(saved_by: Callable[..., Any], fn: type[torch.autograd.Functi
     try:
         return {"value": saved_by(fn, *(non_leaf(args) if copy else args)), "error": None}
     except Exception as exc:  # the student's code may raise anything
-        return {"value": None, "error": asdict(probe.ProbeError("call", type(exc).__name__, str(exc)))}
+        return {"value": None, "error": asdict(probe.ProbeError.of("call", exc))}
 
 
 @probe.procedure
@@ -161,7 +161,7 @@ def apply_in_place(function: type[torch.autograd.Function], leaf: torch.Tensor) 
     try:
         y = function.apply(x)
     except Exception as exc:  # the student's code may raise anything
-        error = asdict(probe.ProbeError("forward", type(exc).__name__, str(exc)))
+        error = asdict(probe.ProbeError.of("forward", exc))
         return {"error": error, "modified": False, "returned": None}
     same_memory = isinstance(y, torch.Tensor) and y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
     returned = "x" if y is x else "a view of x" if same_memory else "something else"
@@ -185,7 +185,7 @@ def sort_outputs(function: type[torch.autograd.Function], args: tuple) -> dict:
     try:
         result = function.apply(*args)
     except Exception as exc:  # the student's code may raise anything
-        error = asdict(probe.ProbeError("forward", type(exc).__name__, str(exc)))
+        error = asdict(probe.ProbeError.of("forward", exc))
         return {"error": error, "type": None, "outputs": None}
     tensors = isinstance(result, tuple) and all(isinstance(t, torch.Tensor) for t in result)
     outputs = [(str(t.dtype), t.grad_fn is not None) for t in result] if tensors else None

@@ -216,7 +216,7 @@ def recorded(fn: Any, args: tuple, copy: bool) -> dict:
     try:
         recording = record(fn, *args)
     except Exception as exc:  # the student's code may raise anything
-        return {"error": asdict(probe.ProbeError("forward", type(exc).__name__, str(exc)))}
+        return {"error": asdict(probe.ProbeError.of("forward", exc))}
 
     def snapshot(s: Saved) -> dict:  # taken before backward can change it
         return {"tensor": s.tensor.detach().clone(), "kind": s.kind, "index": s.index, "view": s.view, "graph": s.graph}
@@ -242,7 +242,7 @@ def _backward(recording: Recording) -> dict:
     try:
         torch.autograd.backward(outputs, grads)
     except Exception as exc:  # the student's code may raise anything
-        error = asdict(probe.ProbeError("backward", type(exc).__name__, str(exc)))
+        error = asdict(probe.ProbeError.of("backward", exc))
         return {"error": error, "modified": [], "modified_grad_output": False}
     saved_after = [s.tensor.detach() for s in recording.saved]
     return {
