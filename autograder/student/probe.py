@@ -27,7 +27,7 @@ class ProbeError:
     @staticmethod
     def of(stage: str, exc: BaseException) -> "ProbeError":
         """What the student's code raised, as data (the one way probes record it)."""
-        return ProbeError.of(stage, exc)
+        return ProbeError(stage, type(exc).__name__, str(exc))
 
     @staticmethod
     def from_data(data: Any) -> "ProbeError | None":
