@@ -31,10 +31,13 @@ lab: $(STAMP) system-tools
 	  else cp -r $$dir $(WORK)/$$slug && echo "copied course/$$slug to $(WORK)/$$slug"; fi; done
 	JUPYTER_CONFIG_PATH=$(CURDIR)/jupyter/student $(BIN)/jupyter lab --ServerApp.root_dir=$(WORK) $(ROOT_FLAG) $(LAB_ARGS)
 
-# The instructor's JupyterLab, on the repository root: formgrader (Nbgrader menu →
-# Formgrader) and Create Assignment, on this course's gradebook (jupyter/instructor/).
+# The instructor's JupyterLab on the course root (COURSE, by default this repository):
+# formgrader (Nbgrader menu → Formgrader) and Create Assignment, on its gradebook
+# (jupyter/instructor/). nbgrader reads nbgrader_config.py from the folder it starts in.
+COURSE ?= $(CURDIR)
 instructor: $(STAMP) system-tools
-	JUPYTER_CONFIG_PATH=$(CURDIR)/jupyter/instructor $(BIN)/jupyter lab --ServerApp.root_dir=$(CURDIR) $(ROOT_FLAG) $(LAB_ARGS)
+	cd $(COURSE) && PATH=$(CURDIR)/$(BIN):$$PATH JUPYTER_CONFIG_PATH=$(CURDIR)/jupyter/instructor \
+	  $(CURDIR)/$(BIN)/jupyter lab --ServerApp.root_dir=$(COURSE) $(ROOT_FLAG) $(LAB_ARGS)
 
 # Regenerate the student notebooks in course/ from solutions/ (stock nbgrader).
 release: $(STAMP)

@@ -1,0 +1,148 @@
+"""Real JupyterLab servers started as a user starts them (`make lab`, `make instructor`),
+and Debian's Chromium driven by Playwright (no browser download), for the browser tests.
+
+Screenshots go to .test-screenshots/ in the repository (ignored by git), where a person
+can look at what a failing test saw.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from autograder.authoring import ROOT
+
+SCREENSHOTS = ROOT / ".test-screenshots"
+CHROMIUM = "/usr/bin/chromium"
+TOKEN = "course-test-token"
+# Root needs --no-sandbox; this machine has no network, so nothing may phone home.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--no-first-run", "--disable-sync", "--disable-quic"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url: str):
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+@contextlib.contextmanager
+def lab(target: str, tmp: Path, **make_vars: str) -> Iterator[str]:
+    """`make TARGET` serving JupyterLab on a free port; yields its base URL."""
+    port = free_port()
+    args = f"--no-browser --port={port} --ServerApp.ip=127.0.0.1 --IdentityProvider.token={TOKEN}"
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp / "config"), "JUPYTER_RUNTIME_DIR": str(tmp / "run"),
+           "JUPYTER_DATA_DIR": str(tmp / "data"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces")}
+    # A person's own settings, as anyone may have them: every cell rendered (a screenshot
+    # of any cell shows it), and no question about news popping up over the notebook.
+    settings = tmp / "settings"
+    for plugin, values in (("notebook-extension/tracker", {"windowingMode": "none"}),
+                           ("apputils-extension/notification", {"fetchNews": "false"})):
+        path = settings / "@jupyterlab" / f"{plugin}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
+    env["JUPYTERLAB_SETTINGS_DIR"] = str(settings)
+    variables = [f"{k}={v}" for k, v in make_vars.items()]
+    log = open(tmp / f"{target}.log", "w")
+    server = subprocess.Popen(["make", "--no-print-directory", target, f"LAB_ARGS={args}", *variables], cwd=ROOT,
+                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(240):
+            try:
+                get_json(f"{base}/api/status?token={TOKEN}")
+                break
+            except OSError:
+                if server.poll() is not None:
+                    pytest.fail(f"make {target} stopped: {(tmp / f'{target}.log').read_text()[-3000:]}")
+                time.sleep(0.5)
+        else:
+            pytest.fail(f"make {target}: JupyterLab did not start within 120 s")
+        yield base
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+        log.close()
+
+
+@contextlib.contextmanager
+def chromium() -> Iterator:
+    """A Playwright browser on Debian's Chromium, with a fresh profile."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: run `make test-tools` (Debian's chromium)")
+    from playwright.sync_api import sync_playwright
+
+    profile = tempfile.mkdtemp(prefix="chromium-profile-")
+    try:
+        with sync_playwright() as playwright:
+            context = playwright.chromium.launch_persistent_context(
+                profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+                viewport={"width": 1400, "height": 900},
+            )
+            try:
+                yield context
+            finally:
+                context.close()
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def screenshot(page, name: str) -> Path:
+    SCREENSHOTS.mkdir(exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    page.screenshot(path=str(path))
+    return path
+
+
+def element_screenshot(locator, name: str) -> Path:
+    """A screenshot of one element (a cell with its output), scrolled into view."""
+    SCREENSHOTS.mkdir(exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    locator.scroll_into_view_if_needed()
+    locator.screenshot(path=str(path))
+    return path
+
+
+def open_notebook(page, base: str, path: str) -> None:
+    page.goto(f"{base}/lab/tree/{path}?reset&token={TOKEN}")  # reset: only this notebook open
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)  # the kernel is up
+
+
+def run_all(page) -> None:
+    """Run → Run All Cells, as a person clicks it."""
+    page.click("li.lm-MenuBar-item:has-text('Run')")
+    page.click("li.lm-Menu-item:has-text('Run All Cells')")
+
+
+def wait_for_output(page, code: str, text: str, timeout: float = 120_000) -> None:
+    """Until the cell whose code contains `code` has an output containing `text`."""
+    page.wait_for_function(
+        "([code, text]) => [...document.querySelectorAll('.jp-Cell')].some(c => "
+        "(c.querySelector('.jp-InputArea')?.textContent || '').includes(code) && "
+        "(c.querySelector('.jp-OutputArea')?.textContent || '').includes(text))",
+        arg=[code, text], timeout=timeout,
+    )
+
+
+def menu_titles(page) -> list[str]:
+    return [t.strip() for t in page.locator("li.lm-MenuBar-item").all_inner_texts()]

@@ -1,0 +1,174 @@
+"""Each user's path in a real browser (Debian's Chromium, driven by Playwright) against real
+JupyterLab servers started with `make lab` (a student) and `make instructor`.
+
+The student: their own copy of a released notebook (never course/), no instructor panels,
+Run All, a check that passes and one that fails with its message, notebook 07's graph
+drawn. The instructor: submissions handed in with hand_in(), collected with `nbgrader
+zip_collect`, graded with `autograder grade --feedback`; formgrader shows the scores and
+the flag; feedback has no hidden test. Screenshots: .test-screenshots/.
+"""
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+import browser
+from autograder import authoring
+from autograder.student import handin
+from engine_course import grade, solutions
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("browser")]
+SLUG = "03_function_basics"
+GRAPHS = "07_double_backward"
+WRONG_BIAS = ("grad_bias = grad_output.sum(0)", "grad_bias = grad_output.mean(0)")  # a known wrong answer
+
+
+def _answer(path: Path, answers: dict[str, str]) -> None:
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id in answers:
+            cell.source = answers[grade_id]
+    nbformat.write(nb, path)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def student_lab(tmp_path_factory):
+    """`make lab` with its own work folder; one server for every student test."""
+    tmp = tmp_path_factory.mktemp("student-lab")
+    before = {slug: _digest(authoring.ROOT / "course" / slug / f"{slug}.ipynb") for slug in (SLUG, GRAPHS)}
+    with browser.lab("lab", tmp, WORK=str(tmp / "work")) as base, browser.chromium() as context:
+        yield base, tmp / "work", context
+    for slug, digest in before.items():  # the tracked notebooks were never touched
+        assert _digest(authoring.ROOT / "course" / slug / f"{slug}.ipynb") == digest
+
+
+def test_a_student_runs_a_notebook_and_sees_a_check_pass_and_one_fail(student_lab):
+    base, work, context = student_lab
+    copy = work / SLUG / f"{SLUG}.ipynb"
+    assert copy.is_file()  # make lab copied the released notebook into the student's own folder
+    model = solutions(SLUG)
+    _answer(copy, {"clipped_relu": model["clipped_relu"], "linear": model["linear"].replace(*WRONG_BIAS)})
+    page = context.new_page()
+    try:
+        browser.open_notebook(page, base, f"{SLUG}/{SLUG}.ipynb")
+        assert "Nbgrader" not in browser.menu_titles(page)  # no formgrader, no Create Assignment
+        tabs = " ".join(page.evaluate("() => [...document.querySelectorAll('.lm-TabBar-tab')].map(e => e.title)"))
+        assert "Assignment" not in tabs and "Course" not in tabs
+        browser.run_all(page)
+        browser.wait_for_output(page, "check_clipped_relu(ClippedReLU)", "✔")
+        browser.wait_for_output(page, "check_linear(Linear)", "CheckFailed")
+        passed = page.locator(".jp-Cell:has(.jp-InputArea:has-text('check_clipped_relu(ClippedReLU)')) .jp-OutputArea")
+        failed = page.locator(".jp-Cell:has(.jp-InputArea:has-text('check_linear(Linear)')) .jp-OutputArea-output")
+        browser.element_screenshot(page.locator(".jp-Cell:has(.jp-InputArea:has-text('check_linear(Linear)'))").first,
+                                   "student-check-fails")
+        message = " ".join(failed.all_inner_texts())
+        assert "CheckFailed" in message and "bias" in message, message
+        assert "Traceback" not in message or "autograder/checks" not in message  # no trace through the checks
+        browser.element_screenshot(
+            page.locator(".jp-Cell:has(.jp-InputArea:has-text('check_clipped_relu(ClippedReLU)'))").first,
+            "student-check-passes")
+        assert "✔" in " ".join(passed.all_inner_texts())
+    finally:
+        browser.screenshot(page, "student-notebook-last")
+        page.close()
+
+
+def test_a_student_sees_the_graphs_of_notebook_07(student_lab):
+    base, _, context = student_lab
+    page = context.new_page()
+    try:
+        browser.open_notebook(page, base, f"{GRAPHS}/{GRAPHS}.ipynb")
+        browser.run_all(page)
+        svg = page.locator(".jp-RenderedSVG").first
+        svg.wait_for(timeout=120_000)
+        browser.element_screenshot(page.locator(".jp-Cell:has(.jp-RenderedSVG)").first, "student-graph-07")
+        assert "SquareBackward" in svg.inner_html()
+        text = page.locator(".jp-Notebook:visible").inner_text()
+        assert "so the graph is shown as text" not in text and "so here is the graph as text" not in text
+    finally:
+        browser.screenshot(page, "student-graph-07-last")
+        page.close()
+
+
+@pytest.fixture(scope="module")
+def graded_course(tmp_path_factory):
+    """A course whose submissions came in as hand_in() zips (alice: right answers, bob:
+    edited a locked cell, which flags him), collected and graded with feedback."""
+    from grading import Course
+
+    root = tmp_path_factory.mktemp("instructor") / "course"
+    root.mkdir()
+    course = Course(root, [SLUG])
+    archive = root / "downloaded" / SLUG / "archive"
+    archive.mkdir(parents=True)
+    model = solutions(SLUG)
+    for student, edit in (("alice", None), ("bob", "check_clipped_relu")):
+        notebook = root.parent / student / f"{SLUG}.ipynb"
+        notebook.parent.mkdir()
+        shutil.copy(root / "course" / SLUG / f"{SLUG}.ipynb", notebook)
+        _answer(notebook, model)
+        if edit:
+            nb = nbformat.read(notebook, as_version=4)
+            cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == edit)
+            cell.source = "pass  # the check, deleted"
+            nbformat.write(nb, notebook)
+        shutil.copy(handin.hand_in(student, notebook=notebook), archive)
+    nbgrader = Path(sys.executable).with_name("nbgrader")
+    done = subprocess.run([str(nbgrader), "zip_collect", SLUG], cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    graded = grade(course, SLUG, "--feedback")
+    assert graded.returncode == 0, graded.stdout + graded.stderr
+    return course
+
+
+def test_feedback_shows_no_hidden_test(graded_course):
+    hidden = set()
+    for cell in nbformat.read(authoring.solution_path(SLUG), as_version=4).cells:
+        inside = False
+        for line in cell.source.splitlines():
+            if "### BEGIN HIDDEN TESTS" in line:
+                inside = True
+            elif "### END HIDDEN TESTS" in line:
+                inside = False
+            elif inside and len(line.strip()) >= 20:
+                hidden.add(line.strip())
+    assert hidden
+    pages = list((graded_course.root / "feedback").glob(f"*/{SLUG}/*.html"))
+    assert len(pages) == 2
+    for page in pages:
+        text = page.read_text()
+        import html
+
+        text = html.unescape(text)
+        assert not [line for line in hidden if line in text], page
+
+
+def test_an_instructor_sees_scores_and_the_flag_in_formgrader(graded_course, tmp_path):
+    with browser.lab("instructor", tmp_path, COURSE=str(graded_course.root)) as base, browser.chromium() as context:
+        page = context.new_page()
+        try:
+            page.goto(f"{base}/lab?token={browser.TOKEN}")
+            page.wait_for_selector("li.lm-MenuBar-item", timeout=60_000)
+            assert "Nbgrader" in browser.menu_titles(page)
+            page.goto(f"{base}/formgrader/gradebook/{SLUG}/{SLUG}?token={browser.TOKEN}")
+            page.wait_for_selector("table tbody tr", timeout=60_000)
+            page.wait_for_function("() => document.querySelectorAll('table tbody tr').length >= 2", timeout=60_000)
+            browser.screenshot(page, "instructor-formgrader")
+            rows = {r.split()[0]: r for r in page.locator("table tbody tr").all_inner_texts() if r.strip()}
+            assert "11 / 11" in rows.get("Submission", "") or any("11 / 11" in r for r in rows.values()), rows
+            flags = page.locator("table tbody tr .glyphicon-flag, table tbody tr .fa-flag")
+            assert flags.count() >= 1
+        finally:
+            browser.screenshot(page, "instructor-last")
+            page.close()
