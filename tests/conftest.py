@@ -1,3 +1,5 @@
+from __future__ import annotations
+
 import pytest
 
 from autograder.authoring import use_this_environment
@@ -6,9 +8,30 @@ from autograder.authoring import use_this_environment
 use_this_environment()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--stock-all", action="store_true",
+                     help="compare with stock nbgrader on every known answer, not on a sample (`make compare-stock`)")
+
+
 def pytest_collection_modifyitems(items):
     """Tests sharing a notebook's graded course run in the same worker (graded once)."""
     for item in items:
         slug = getattr(item, "callspec", None) and item.callspec.params.get("graded")
         if slug:
             item.add_marker(pytest.mark.xdist_group(slug))
+
+
+@pytest.fixture(scope="session")
+def class_batches(tmp_path_factory):
+    """slug -> its class batch (the model solution, every known answer, the released
+    notebook), graded once per test worker by `autograder grade --feedback`."""
+    from grading import ClassBatch
+
+    found: dict[str, ClassBatch] = {}
+
+    def batch(slug: str) -> ClassBatch:
+        if slug not in found:
+            found[slug] = ClassBatch.graded(slug, tmp_path_factory.mktemp(f"batch-{slug}"))
+        return found[slug]
+
+    return batch

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
@@ -101,3 +102,54 @@ def namespace(slug: str, answers: dict[str, str] | None = None) -> dict:
                 if grade_id:
                     raise
     return ns
+
+
+@dataclass
+class Submission:
+    student: str
+    answers: dict = field(default_factory=dict)  # exercise -> the answers.Answer it carries
+    wrong: bool = False  # the answers it carries are wrong ones
+
+
+def packed(kind: str, answers: list, wrong: bool) -> list[Submission]:
+    """Answers of different exercises share submissions: submission k carries the k-th answer
+    of each exercise (so each exercise must be graded independently)."""
+    by_exercise: dict[str, list] = {}
+    for answer in answers:
+        by_exercise.setdefault(answer.exercise, []).append(answer)
+    rows = itertools.zip_longest(*by_exercise.values())
+    return [Submission(f"{kind}{k}", {a.exercise: a for a in row if a is not None}, wrong) for k, row in enumerate(rows)]
+
+
+@dataclass
+class ClassBatch:
+    """Every known answer of one notebook, submitted, and graded by `autograder grade`."""
+
+    slug: str
+    course: Course
+    exercises: list[Exercise]
+    submissions: dict[str, Submission]
+    result: subprocess.CompletedProcess
+
+    SAMPLE = ("correct", "released", "wrong0", "right0")  # a wrong and a right answer of every exercise
+
+    @staticmethod
+    def graded(slug: str, root: Path) -> "ClassBatch":
+        from answers import for_notebook
+
+        module = for_notebook(slug)
+        course = Course(root, [slug])
+        found = exercises(nbformat.read(authoring.solution_path(slug), as_version=4))
+        model = {e.answer_id: e.solution for e in found}
+        submissions = [Submission("correct"), *packed("wrong", module.MUTANTS, True), *packed("right", module.VARIANTS, False)]
+        for sub in submissions:
+            course.submit(sub.student, slug, {**model, **{ex: a.apply(model[ex]) for ex, a in sub.answers.items()}})
+        course.submit("released", slug, None)
+        autograder = Path(sys.executable).with_name("autograder")
+        result = subprocess.run([str(autograder), "grade", slug, "--feedback"], cwd=root, capture_output=True,
+                                text=True, timeout=1800)
+        return ClassBatch(slug, course, found, {s.student: s for s in submissions}, result)
+
+    def points(self, student: str, exercise: Exercise) -> tuple[float, float]:
+        scores = self.course.scores(self.slug, student)
+        return (sum(scores[g][0] for g in exercise.graded), sum(scores[g][1] for g in exercise.graded))

@@ -1,92 +1,54 @@
-"""The notebooks' own tests, graded end to end with stock `nbgrader autograde`.
+"""The notebooks' own tests, graded end to end: every known answer, graded by `autograder grade`.
 
-For every notebook: the model solution gets full points; the released notebook,
-submitted untouched, gets zero on every graded cell and grading completes; every known
-wrong answer (tests/answers) loses its exercise's points; every unusual correct answer
-keeps them. Answers of different exercises share submissions (submission k carries the
-k-th wrong answer of each exercise), so each exercise must be graded independently.
+For every notebook: the model solution gets full points; the released notebook, submitted
+untouched, gets zero on every graded cell; every known wrong answer (tests/answers) loses
+its exercise's points; every unusual correct answer keeps them; only answers worth a
+person's look are flagged. Answers of different exercises share submissions (submission k
+carries the k-th wrong answer of each exercise), so each exercise must be graded
+independently. That the engine's scores are stock nbgrader's is test_engine_scores.py's.
 """
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass, field
+import csv
+import html
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import nbformat
 import pytest
+from nbgrader.api import Gradebook
 
-from answers import Answer, for_notebook
+from answers import for_notebook
 from autograder import authoring
-from grading import Course, exercises
+from engine_course import notebook
+from grading import exercises
 
 SLUGS = authoring.assignments()
 
 
-@dataclass
-class Submission:
-    student: str
-    answers: dict[str, Answer] = field(default_factory=dict)  # exercise -> the answer it carries
-    wrong: bool = False  # the answers it carries are wrong ones
-
-
-@dataclass
-class Graded:
-    slug: str
-    course: Course
-    exercises: list
-    submissions: dict[str, Submission]
-    log: str
-
-    def points(self, student: str, exercise) -> tuple[float, float]:
-        scores = self.course.scores(self.slug, student)
-        return (sum(scores[g][0] for g in exercise.graded), sum(scores[g][1] for g in exercise.graded))
-
-
-def _packed(kind: str, answers: list[Answer], wrong: bool) -> list[Submission]:
-    by_exercise: dict[str, list[Answer]] = {}
-    for answer in answers:
-        by_exercise.setdefault(answer.exercise, []).append(answer)
-    rows = itertools.zip_longest(*by_exercise.values())
-    return [
-        Submission(f"{kind}{k}", {a.exercise: a for a in row if a is not None}, wrong)
-        for k, row in enumerate(rows)
-    ]
-
-
 @pytest.fixture(scope="module", params=SLUGS)
-def graded(request, tmp_path_factory) -> Graded:
-    slug = request.param
-    module = for_notebook(slug)
-    course = Course(tmp_path_factory.mktemp(slug), [slug])
-    found = exercises(_solution(slug))
-    solutions = {e.answer_id: e.solution for e in found}
-    submissions = [
-        Submission("correct"), *_packed("wrong", module.MUTANTS, True), *_packed("right", module.VARIANTS, False),
-    ]
-    for sub in submissions:
-        sources = dict(solutions)
-        sources.update({ex: a.apply(solutions[ex]) for ex, a in sub.answers.items()})
-        course.submit(sub.student, slug, sources)
-    course.submit("released", slug, None)
-    result = course.autograde(slug)
-    assert result.returncode == 0, f"nbgrader autograde failed:\n{result.stdout}\n{result.stderr}"
-    return Graded(slug, course, found, {s.student: s for s in submissions}, result.stderr)
+def graded(request, class_batches):
+    batch = class_batches(request.param)
+    assert batch.result.returncode == 0, f"autograder grade failed:\n{batch.result.stdout}\n{batch.result.stderr}"
+    return batch
 
 
-def _solution(slug: str) -> nbformat.NotebookNode:
-    return nbformat.read(authoring.solution_path(slug), as_version=4)
-
-
+@pytest.mark.slow
 def test_model_solution_gets_full_points(graded):
     for exercise in graded.exercises:
         score, total = graded.points("correct", exercise)
         assert score == total > 0, f"{graded.slug} {exercise.answer_id}: {score}/{total}"
 
 
+@pytest.mark.slow
 def test_released_notebook_gets_zero_everywhere(graded):
     scores = graded.course.scores(graded.slug, "released")
     assert scores and all(score == 0 for score, _ in scores.values()), scores
 
 
+@pytest.mark.slow
 def test_every_wrong_answer_loses_its_points(graded):
     kept = []
     for sub in graded.submissions.values():
@@ -98,6 +60,7 @@ def test_every_wrong_answer_loses_its_points(graded):
     assert not kept, "wrong answers that kept their points:\n" + "\n".join(kept)
 
 
+@pytest.mark.slow
 def test_every_other_exercise_keeps_full_points(graded):
     """Unusual right answers, and model solutions beside wrong answers, keep every point."""
     lost = []
@@ -113,10 +76,81 @@ def test_every_other_exercise_keeps_full_points(graded):
     assert not lost, "right answers that lost points:\n" + "\n".join(lost)
 
 
+@pytest.mark.slow
+def test_only_answers_worth_a_look_are_flagged(graded):
+    """A wrong answer is not flagged for being wrong; an answer that asks autograd inside
+    backward (say) is, with the reason at the top of its autograded notebook."""
+    flags = {sub.student: [a.flag for a in sub.answers.values() if a.flag] for sub in graded.submissions.values()}
+    flags = {student: reasons for student, reasons in flags.items() if reasons}
+    with Gradebook(graded.course.db_url) as gb:
+        flagged = {sub.student.id for sub in gb.assignment_submissions(graded.slug) for nb in sub.notebooks if nb.flagged}
+    assert flagged == set(flags)
+    for student, reasons in flags.items():
+        top = notebook(graded.course, "autograded", student, graded.slug).cells[0].source.lower()
+        assert all("worth a look" in top and reason.lower() in top for reason in reasons), top
+    assert ("Flagged for manual review" in graded.result.stderr) == bool(flags)
+
+
+@pytest.mark.slow
+def test_feedback_has_scores_and_no_hidden_tests(graded):
+    """Not in sources, and not quoted by the messages of failing hidden tests either: neither
+    in `autograder grade --feedback`'s pages nor in stock `nbgrader generate_feedback`'s."""
+    course, slug = graded.course, graded.slug
+    hidden = _hidden_lines(authoring.solution_path(slug).read_text())
+    assert hidden
+    _assert_no_hidden(course, slug, hidden)
+    nbgrader = Path(sys.executable).with_name("nbgrader")
+    stock = subprocess.run([str(nbgrader), "generate_feedback", slug, "--force"], cwd=course.root, capture_output=True, text=True)
+    assert stock.returncode == 0, stock.stderr
+    _assert_no_hidden(course, slug, hidden)
+
+
+def _assert_no_hidden(course, slug: str, hidden: list[str]) -> None:
+    pages = list((course.root / "feedback").glob(f"*/{slug}/{slug}.html"))
+    assert len(pages) == len(list((course.root / "submitted").iterdir()))
+    for page in pages:
+        text = html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))
+        assert "Score:" in text and "HIDDEN TESTS" not in text, page
+        assert not [line for line in hidden if line in text], page
+
+
+def _hidden_lines(source: str) -> list[str]:
+    """The lines between hidden-test markers in a solution notebook (long enough to be telling),
+    except those a visible cell also shows (a hidden test may repeat a visible call)."""
+    hidden, visible, inside = [], set(), False
+    for cell in nbformat.reads(source, as_version=4).cells:
+        for line in cell.source.splitlines():
+            if "BEGIN HIDDEN TESTS" in line or "END HIDDEN TESTS" in line:
+                inside = "BEGIN" in line
+            elif len(line.strip()) >= 20:
+                (hidden.append if inside else visible.add)(line.strip())
+    return [line for line in hidden if line not in visible]
+
+
+@pytest.mark.slow
+def test_nbgrader_export_reads_the_engines_gradebook(graded):
+    course = graded.course
+    out = course.root / "exported.csv"
+    nbgrader = Path(sys.executable).with_name("nbgrader")
+    result = subprocess.run([str(nbgrader), "export", "--to", str(out)], cwd=course.root, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    with open(out) as f:
+        exported = {row["student_id"]: float(row["score"]) for row in csv.DictReader(f)}
+    with open(course.root / "grades.csv") as f:
+        ours = {row["student_id"]: float(row["score"]) for row in csv.DictReader(f)}
+    assert exported == ours and exported["correct"] == max(exported.values()) > 0 and exported["released"] == 0
+
+
+@pytest.mark.slow
+def test_report_files(graded):
+    assert (graded.course.root / "reports" / graded.slug / "grades.png").stat().st_size > 1000
+    assert "Grading summary" in graded.result.stderr
+
+
 @pytest.mark.parametrize("slug", SLUGS)
 def test_each_exercise_has_three_wrong_answers_and_an_unusual_right_one(slug):
     module = for_notebook(slug)
-    for exercise in exercises(_solution(slug)):
+    for exercise in exercises(nbformat.read(authoring.solution_path(slug), as_version=4)):
         wrong = [a for a in module.MUTANTS if a.exercise == exercise.answer_id]
         right = [a for a in module.VARIANTS if a.exercise == exercise.answer_id]
         assert len(wrong) >= 3 and right, f"{slug} {exercise.answer_id}: {len(wrong)} wrong, {len(right)} right"
