@@ -27,7 +27,7 @@ STUDENT_PACKAGES = ("student", "checks", "exercises")  # subpackages of `autogra
 DISTRIBUTION = authoring.STUDENT_DISTRIBUTION
 # What the student side imports besides the standard library. No upper bound on torch: in
 # Colab, pip keeps the preinstalled torch whenever it satisfies this (it always has).
-DEPENDENCIES = ["torch>=2.4", "torchviz==0.0.3", "graphviz>=0.20", "setuptools>=68"]
+DEPENDENCIES = ["torch>=2.4", "numpy>=1.26", "torchviz==0.0.3", "graphviz>=0.20", "setuptools>=68"]
 
 PYPROJECT = '''\
 [build-system]
