@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 
 import pytest
+from grading import Course
 from nbgrader.api import Gradebook
 from nbgrader.coursedir import CourseDirectory
 
@@ -14,7 +15,6 @@ from autograder.grader import course as grading_course
 from autograder.grader import report
 from autograder.grader.preflight import load_config
 from autograder.grader.records import Options
-from grading import Course
 
 SLUG = "03_function_basics"
 SCREENSHOTS = Path(__file__).resolve().parent.parent / ".test-screenshots"  # kept for a person to look at

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from engine_course import solutions
 
 from autograder import authoring, publish
-from engine_course import solutions
 
 pytestmark = pytest.mark.slow
 SLUG = "03_function_basics"

@@ -6,8 +6,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 from autograder import authoring
 
 # Runs a cell in a real IPython shell. In "colab" mode a `google.colab` module is present
