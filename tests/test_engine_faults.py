@@ -43,7 +43,7 @@ def dying(original, when):
     return wrapper
 
 writer.gradebook.transaction = dying(gradebook.transaction, "before")
-writer.nbformat.write = dying(writer.nbformat.write, "inside")
+writer.nbjson.writes = dying(writer.nbjson.writes, "inside")
 writer._set_permissions = dying(writer._set_permissions, "after commit")
 from autograder.cli import app
 sys.argv = ["autograder", "grade", "--jobs", "1", "--timeout", "60"]

@@ -58,8 +58,13 @@ def _grade(options: Options, config: Config, pool: Pool, console: Console) -> tu
             warm(modules)
             outcomes = _grade_all(todo, known, pool, preparer, writer, console, options.limits)
     pool.close()  # the workers' memory and CPU go to what follows
-    _export(coursedir, config, {s.assignment for s in submissions})
     graded = sorted({o.submission.assignment for o in outcomes})
+    for assignment in graded:
+        report.write_status(
+            [o for o in outcomes if o.submission.assignment == assignment],
+            options.root / REPORTS / assignment / "last-run.csv",
+        )
+    _export(coursedir, config, {s.assignment for s in submissions})  # its plots read the status files
     if options.feedback:  # graded now or before: feedback is for every submission that has none up to date
         wanted = sorted({s.assignment for s in submissions})
         console.print(f"Generating feedback for {', '.join(wanted)} (nbgrader generate_feedback, hidden tests cleared) ...")
@@ -68,11 +73,6 @@ def _grade(options: Options, config: Config, pool: Pool, console: Console) -> tu
         written = sum(1 for s in submissions if any(Path(coursedir.format_path(
             coursedir.feedback_directory, s.student, s.assignment)).glob("*.html")))
         console.print(f"Feedback: {written} of {len(submissions)} submissions have theirs in {coursedir.feedback_directory}/.")
-    for assignment in graded:
-        report.write_status(
-            [o for o in outcomes if o.submission.assignment == assignment],
-            options.root / REPORTS / assignment / "last-run.csv",
-        )
     return outcomes, skipped
 
 

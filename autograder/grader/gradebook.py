@@ -4,7 +4,7 @@ nbgrader's Gradebook commits after every change, and its writing preprocessors
 (SaveAutoGrades, AssignLatePenalties) each open a Gradebook of their own. Inside
 `transaction`, the Gradebook's session joins one database transaction (SQLAlchemy's
 "rollback_only" join mode: its commits only flush), and those preprocessors are lent
-that Gradebook instead of opening another. Either all of a submission's rows are
+that Gradebook instead of opening another (`Submission`, which looks rows up in bulk). Either all of a submission's rows are
 written or none are: a grader killed mid-way leaves no partial records. One Gradebook
 serves a whole run (`Released` also for nbgrader's sanitizing preprocessors).
 """
@@ -15,10 +15,10 @@ import warnings
 from typing import Iterator
 from unittest import mock
 
-from nbgrader.api import Gradebook
+from nbgrader.api import Assignment, BaseCell, Comment, Grade, Gradebook, Notebook
 from nbgrader.preprocessors import latesubmissions, saveautogrades
 from sqlalchemy.exc import SAWarning
-from sqlalchemy.orm import scoped_session, sessionmaker
+from sqlalchemy.orm import scoped_session, selectinload, sessionmaker
 
 # nbgrader's add_submission links rows before it adds them to the session; SQLAlchemy 2
 # warns when it autoflushes in between (the rows are added right after: nothing is lost).
@@ -66,6 +66,41 @@ class Released(_Lent):
         return memoized
 
 
+class Submission(_Lent):
+    """The Gradebook of one submission's transaction. A notebook's grades and comments, which
+    nbgrader's SaveAutoGrades looks up one by one (a query joining seven tables each), are
+    loaded with one query each; the assignment's notebooks and cells, which nbgrader's
+    add_submission walks (lazily, a query per notebook and kind of cell), with a few."""
+
+    def __init__(self, gradebook: Gradebook) -> None:
+        super().__init__(gradebook)
+        self._rows: dict[tuple, dict[str, object]] = {}
+
+    def update_or_create_submission(self, assignment: str, student: str, **kwargs):
+        self._gradebook.db.query(Assignment).options(
+            selectinload(Assignment.notebooks).selectinload(Notebook._base_cells)
+        ).filter(Assignment.name == assignment).all()
+        return self._gradebook.update_or_create_submission(assignment, student, **kwargs)
+
+    def grades(self, notebook: str, assignment: str, student: str) -> dict[str, Grade]:
+        return self._of(Grade, notebook, assignment, student)
+
+    def find_grade(self, grade_cell: str, notebook: str, assignment: str, student: str) -> Grade:
+        return self._of(Grade, notebook, assignment, student)[grade_cell]
+
+    def find_comment(self, solution_cell: str, notebook: str, assignment: str, student: str) -> Comment:
+        return self._of(Comment, notebook, assignment, student)[solution_cell]
+
+    def _of(self, kind: type, notebook: str, assignment: str, student: str) -> dict:
+        key = (kind, notebook, assignment, student)
+        if key not in self._rows:
+            row = self._gradebook.find_submission_notebook(notebook, assignment, student)
+            found = self._gradebook.db.query(kind, BaseCell.name).join(BaseCell, BaseCell.id == kind.cell_id) \
+                .filter(kind.notebook_id == row.id).all()
+            self._rows[key] = {name: item for item, name in found}
+        return self._rows[key]
+
+
 @contextlib.contextmanager
 def lent(gradebook: Gradebook | _Lent, modules: tuple) -> Iterator[None]:
     """nbgrader's preprocessors from `modules` use `gradebook` instead of opening their own
@@ -78,16 +113,18 @@ def lent(gradebook: Gradebook | _Lent, modules: tuple) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def transaction(gradebook: Gradebook) -> Iterator[Gradebook]:
-    """`gradebook`, whose every write in the block is committed at its end, or not at all."""
+def transaction(gradebook: Gradebook) -> Iterator[Submission]:
+    """`gradebook`, whose every write in the block is committed at its end, or not at all
+    (as a `Submission`: for the writes of one submission)."""
     with gradebook.engine.connect() as connection:
         outer = connection.begin()
         default, gradebook.db = gradebook.db, scoped_session(
             sessionmaker(bind=connection, autoflush=True, join_transaction_mode="rollback_only")
         )
         try:
-            with lent(gradebook, _WRITING_MODULES):
-                yield gradebook
+            lender = Submission(gradebook)
+            with lent(lender, _WRITING_MODULES):
+                yield lender
             gradebook.db.flush()
             outer.commit()
         except BaseException:

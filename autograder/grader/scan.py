@@ -22,7 +22,9 @@ PATTERNS = [
     (r"\bsocket\b|\burllib\b|\brequests\b|\bhttp\.client|\bftplib\b", "opens network connections"),
     (r"\bopen\(|\bpathlib\b|\bos\.(listdir|walk|scandir|remove|unlink|rename|chmod|makedirs)|\bshutil\b|\bglob\b", "reads or writes files"),
     (r"gradebook|\bsolutions/|\bsource/|BEGIN HIDDEN", "mentions the grader's files"),
-    (r"\bautograder\b", "reaches into the course's grading code"),
+    # (the student side's public helpers are not: setup, hand-in, graphs, show_saved, the diagnosis cases)
+    (r"\bautograder\b(?!\.student(\.handin|\.saved|\.gradcheck)? import (setup|hand_in|graphs|show_saved|diagnosis_cases)\s*$)",
+     "reaches into the course's grading code"),
 ]
 AUTOGRAD_IN_BACKWARD = re.compile(r"torch\.autograd\.grad\b|\.backward\(|torch\.func\.|autograd\.functional")
 

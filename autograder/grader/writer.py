@@ -13,11 +13,11 @@ import os
 import tempfile
 from pathlib import Path
 
-import nbformat
+from nbformat.v4 import nbjson
 from nbgrader.api import Gradebook
 from nbgrader.converters import Autograde
 from nbgrader.coursedir import CourseDirectory
-from nbgrader.preprocessors import Execute
+from nbgrader.preprocessors import CheckCellMetadata, Execute
 from nbgrader.utils import rmtree
 from traitlets.config import Config
 
@@ -39,8 +39,9 @@ class Writer:
             rmtree(str(self.staging))
         self.staging.mkdir(parents=True)
         self.gradebook = Gradebook(coursedir.db_url, coursedir.course_id)
-        self.scorers = [  # nbgrader's autograde step, without executing (that is done already)
-            cls(config=config, log=QUIET) for cls in Autograde(config=config).autograde_preprocessors if cls is not Execute
+        self.scorers = [  # nbgrader's autograde step, without executing (done) or checking the metadata again
+            cls(config=config, log=QUIET) for cls in Autograde(config=config).autograde_preprocessors
+            if cls not in (Execute, CheckCellMetadata)  # (nbgrader's sanitizing step checked it: prepare.py)
         ]
 
     def _dest(self, step: str, submission: Submission) -> Path:
@@ -66,7 +67,8 @@ class Writer:
                     for score in self.scorers:
                         nb, resources = score(nb, resources)
                     self._trust(gb, submission, result)
-                    nbformat.write(hide_test_tracebacks(nb, self.config), stage / f"{result.name}.ipynb")
+                    # As nbformat.write does, without validating again what results.graded validated.
+                    (stage / f"{result.name}.ipynb").write_text(nbjson.writes(hide_test_tracebacks(nb, self.config)))
                 if result.problems:
                     self._flag(gb, submission, result)
             # Last before the commit: from here until the new folder is in place, the
@@ -94,9 +96,8 @@ class Writer:
 
     @staticmethod
     def _trust(gb, submission: Submission, result: NotebookResult) -> None:
-        """The grader's own verdicts replace the scores the notebook's outputs gave."""
-        row = gb.find_submission_notebook(result.name, submission.assignment, submission.student)
-        grades = {grade.name: grade for grade in row.grades}  # one query, not one per grade
+        """The grader's own verdicts are the scores (the outputs nbgrader scored are its report)."""
+        grades = gb.grades(result.name, submission.assignment, submission.student)
         for grade_id, score in result.trusted_scores().items():
             grades[grade_id].auto_score = score
         gb.db.commit()

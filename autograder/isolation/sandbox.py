@@ -185,6 +185,7 @@ def launch(isolation: Isolation, course_root: Path, runtime: Path, control_fd: i
         "PATH": os.pathsep.join([os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin"]),
         "HOME": state, "MPLCONFIGDIR": os.path.join(state, "matplotlib"), "TMPDIR": state,
         "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+        "NBGRADER_EXECUTION": "autograde",  # as stock nbgrader tells notebooks they are being graded
         **{k: v for k, v in os.environ.items() if k.startswith("OPENBLAS_")},  # CPU workarounds of this machine
     }
     command = [sys.executable, "-I", "-B", "-m", "autograder.runner.zygote", str(control_fd)]
