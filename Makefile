@@ -16,7 +16,7 @@ WORK ?= work
 PUBLIC ?= public
 ROOT_FLAG = $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
-.PHONY: test lab instructor release publish autograde bench lock system-tools test-tools clean
+.PHONY: test lab instructor release publish autograde bench compare-stock lock system-tools test-tools clean
 
 test: $(STAMP) system-tools test-tools
 	$(BIN)/python -m pytest
@@ -53,11 +53,16 @@ publish: release
 autograde: $(STAMP) system-tools
 	$(BIN)/autograder grade $(ARGS)
 
-# Stock `nbgrader autograde` against `autograder grade` on the same generated submissions
-# (ARGS go to it, e.g. ARGS="--submissions 90"), then each notebook's Run-All time.
+# Stock `nbgrader autograde` against `autograder grade` on a class batch of every notebook
+# (ARGS go to it, e.g. ARGS="--students 30 --timeout 10"), then each notebook's Run-All time.
 bench: $(STAMP) system-tools
 	$(BIN)/python bench/stock_vs_engine.py $(ARGS)
 	$(BIN)/python bench/run_all.py
+
+# `make test` compares the engine's scores with stock nbgrader's on a sample covering every
+# exercise; this compares them on every known answer (stock nbgrader: about 20 minutes).
+compare-stock: $(STAMP) system-tools
+	$(BIN)/python -m pytest tests/test_engine_scores.py --stock-all
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || { \
