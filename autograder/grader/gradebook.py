@@ -119,7 +119,10 @@ def transaction(gradebook: Gradebook) -> Iterator[Submission]:
     with gradebook.engine.connect() as connection:
         outer = connection.begin()
         default, gradebook.db = gradebook.db, scoped_session(
-            sessionmaker(bind=connection, autoflush=True, join_transaction_mode="rollback_only")
+            # nbgrader commits after every change: within this one transaction nothing else writes
+            # these rows, so they need not be read again after each commit (expired, each access
+            # would be a query).
+            sessionmaker(bind=connection, autoflush=True, join_transaction_mode="rollback_only", expire_on_commit=False)
         )
         try:
             lender = Submission(gradebook)
