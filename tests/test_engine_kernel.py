@@ -31,6 +31,7 @@ CELLS = {
     "state": "x = 41",
     "uses_state": "x + 1",
     "file": "open('data.txt').read()",
+    "graph": "import graphviz\nsvg = graphviz.Digraph(node_attr={'fontname': 'Helvetica'})\nsvg.edge('a', 'b')\nlen(svg.pipe(format='svg')) > 100",
 }
 
 
@@ -148,3 +149,10 @@ def test_the_scan_leaves_the_student_sides_public_helpers_alone():
     for line in ("from autograder.student.saved import record", "import autograder.student.serve as s",
                  "from autograder.exercises.gradcheck import check_softmax"):
         assert [f.reason for f in _findings("c", line)] == ["reaches into the course's grading code"], line
+
+
+def test_graphs_render_without_fontconfig_noise(ran):
+    """dot, run by the notebook's own user in the sandbox, finds its fonts: nothing on stderr."""
+    outputs, _, _ = ran
+    assert outputs["graph"] == [{"output_type": "execute_result", "execution_count": outputs["graph"][0]["execution_count"],
+                                 "data": {"text/plain": "True"}, "metadata": {}}], outputs["graph"]
