@@ -12,40 +12,7 @@ import nbformat
 import pytest
 
 from autograder import authoring, publish
-
-SHORTEST = 20  # characters: shorter lines are too common to mean anything (as in test_sandbox_secrets)
-
-
-def _between(source: str, begin: str, end: str) -> list[str]:
-    found, inside = [], False
-    for line in source.splitlines():
-        if begin in line:
-            inside = True
-        elif end in line:
-            inside = False
-        elif inside:
-            found.append(line.strip())
-    return found
-
-
-def _secrets() -> dict[str, str]:
-    """{line: where it comes from} for every solution and hidden-test line (quiz keys are in
-    hidden tests) of every notebook in solutions/, that the released notebooks do not show."""
-    released = "\n".join(
-        cell.source for path in sorted((authoring.ROOT / "course").glob("*/*.ipynb"))
-        for cell in nbformat.read(path, as_version=4).cells
-    )
-    found = {}
-    for slug in authoring.assignments():
-        for cell in nbformat.read(authoring.solution_path(slug), as_version=4).cells:
-            grade_id = cell.metadata.get("nbgrader", {}).get("grade_id", "?")
-            for kind, begin, end in (("hidden test", "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"),
-                                     ("solution", "### BEGIN SOLUTION", "### END SOLUTION")):
-                for line in _between(cell.source, begin, end):
-                    if len(line) >= SHORTEST and not line.startswith("#") and line not in released:
-                        found.setdefault(line, f"{slug} {grade_id} ({kind})")
-    return found
-
+from instructor_material import instructor_lines
 
 # Lines of solutions that the student side may share without giving an answer away, each
 # with the reason. Boilerplate of any custom Function:
@@ -93,7 +60,7 @@ def test_the_public_repository_holds_the_student_package_and_the_released_notebo
 
 
 def test_nothing_of_a_solution_hidden_test_or_key_is_in_what_students_get(public):
-    secrets = _secrets()
+    secrets = instructor_lines()
     assert len(secrets) > 150, len(secrets)
     assert {where.split()[0] for where in secrets.values()} == set(authoring.assignments())  # every notebook's
     leaks = []

@@ -11,48 +11,24 @@ import subprocess
 import sys
 from pathlib import Path
 
-import nbformat
 import pytest
 
 from autograder import authoring
 from autograder.isolation import sandbox
 from engine_course import grade, notebook, solutions, submit_notebook, with_answers
 from grading import Course
+from instructor_material import SHORTEST, instructor_lines, released_text
 
 pytestmark = pytest.mark.slow
 SLUG = "03_function_basics"
 PACKAGE = Path(sandbox.__file__).resolve().parents[1]
-SHORTEST = 20  # characters: shorter lines are too common to mean anything
-
-
-def _released_text() -> str:
-    return "\n".join(
-        cell.source for path in sorted((authoring.ROOT / "course").glob("*/*.ipynb"))
-        for cell in nbformat.read(path, as_version=4).cells
-    )
-
-
-def _between(source: str, begin: str, end: str) -> list[str]:
-    found, inside = [], False
-    for line in source.splitlines():
-        if begin in line:
-            inside = True
-        elif end in line:
-            inside = False
-        elif inside:
-            found.append(line.strip())
-    return found
 
 
 def _distinctive() -> set[str]:
     """Lines only the instructor's material has: hidden tests and solutions (not in the
     released notebooks), and the code of the checks (not in the student side)."""
-    released = _released_text()
-    found = set()
-    for slug in authoring.assignments():
-        for cell in nbformat.read(authoring.solution_path(slug), as_version=4).cells:
-            found.update(_between(cell.source, "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"))
-            found.update(_between(cell.source, "### BEGIN SOLUTION", "### END SOLUTION"))
+    released = released_text()
+    found = set(instructor_lines())
     visible = "\n".join(p.read_text() for name in sandbox.VISIBLE for p in (PACKAGE / name).rglob("*.py")
                         if (PACKAGE / name).is_dir()) + (PACKAGE / "__init__.py").read_text()
     for path in sandbox.hidden_paths():

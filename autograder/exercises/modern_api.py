@@ -43,17 +43,6 @@ def _like(t: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return torch.randn(t.shape, generator=generator, dtype=t.dtype).to(t.device)
 
 
-def _slots(args: Sequence[Any]) -> list[int]:
-    return [i for i, a in enumerate(args) if probe.differentiable(a)]
-
-
-def _with(args: Sequence[Any], slots: Sequence[int], tensors: Sequence[Any]) -> list:
-    full = list(args)
-    for i, t in zip(slots, tensors):
-        full[i] = t
-    return full
-
-
 def _floating(result: Any) -> list[torch.Tensor]:
     return [o for o in probe.outputs_of(result) if probe.differentiable(o)]
 
@@ -171,18 +160,18 @@ def describe(student: Any) -> dict:
 # --- torch.func.grad and jacrev ---------------------------------------------------------------
 
 def _reference_grads(reference: Reference, args: Sequence[Any], weights: list[torch.Tensor]) -> list[torch.Tensor]:
-    slots = _slots(args)
+    slots = student_side.slots_of(args)
     tensors = [args[i].detach().clone().requires_grad_() for i in slots]
     with torch.enable_grad():
-        outs = _floating(reference(*_with(args, slots, tensors)))
+        outs = _floating(reference(*student_side.with_tensors(args, slots, tensors)))
         grads = torch.autograd.grad(outs, tensors, weights, allow_unused=True)
     return [torch.zeros_like(t) if g is None else g.detach() for g, t in zip(grads, tensors)]
 
 
 def _reference_jacobians(reference: Reference, args: Sequence[Any]) -> list[torch.Tensor]:
-    slots = _slots(args)
+    slots = student_side.slots_of(args)
     tensors = tuple(args[i].detach() for i in slots)
-    jac = torch.autograd.functional.jacobian(lambda *t: reference(*_with(args, slots, t)), tensors)
+    jac = torch.autograd.functional.jacobian(lambda *t: reference(*student_side.with_tensors(args, slots, t)), tensors)
     return list(jac) if isinstance(jac, tuple) else [jac]
 
 
@@ -204,7 +193,7 @@ def check_func_grad(student: Any, name: str, reference: Reference, cases: Sequen
                 if error is not None:
                     _fail_error(f"torch.func.grad of ({name}.apply(...) * weights).sum()", error, shown, facts)
                 grads = _tensor_list(found["grad"], "gradients")
-                slots = _slots(args)
+                slots = student_side.slots_of(args)
                 names = _names(arg_names, args)
                 for k, (got, want) in enumerate(zip(grads, _reference_grads(reference, args, weights))):
                     _compare(f"{name}: torch.func.grad for `{names[slots[k]]}`", got, want, shown)
@@ -328,7 +317,7 @@ def check_vmap(student: Any, name: str, reference: Reference, cases: Sequence[Vm
             _compare(f"{call}: the output differs from a loop over the batch", got, want, shown, cause)
         if not single or not weights:
             continue
-        slots = _slots(args)
+        slots = student_side.slots_of(args)
         names = _names(arg_names, args)
         dims = case.levels[0]
         per = [_reference_grads(reference, _sample(args, dims, b), [w[b] for w in weights]) for b in range(batch)]
@@ -388,7 +377,7 @@ def check_forward_ad(student: Any, name: str, reference: Reference, cases: Seque
     for device in devices.available():
         for case in cases:
             args = tuple(a.detach().to(device) if isinstance(a, torch.Tensor) else a for a in case)
-            slots = _slots(args)
+            slots = student_side.slots_of(args)
             names = _names(arg_names, args)
             shown = _shown(arg_names, args)
             sets = []
@@ -440,7 +429,7 @@ def check_forward_ad(student: Any, name: str, reference: Reference, cases: Seque
 def _reference_hessian(reference: Reference, args: Sequence[Any], first: int, weights: list[torch.Tensor]) -> torch.Tensor:
     """The Hessian of <reference(*args), weights> with respect to args[first] (torch.autograd)."""
     def scalar(t: torch.Tensor) -> torch.Tensor:
-        return sum((o * w).sum() for o, w in zip(_floating(reference(*_with(args, [first], [t]))), weights))
+        return sum((o * w).sum() for o, w in zip(_floating(reference(*student_side.with_tensors(args, [first], [t]))), weights))
 
     return torch.autograd.functional.hessian(scalar, args[first].detach())
 
@@ -452,13 +441,13 @@ def _forward_gradcheck(student: Any, name: str, args: tuple, arg_names: Sequence
     process, central differences along random directions, computed here."""
     __tracebackhide__ = True
     shown = _shown(arg_names, args)
-    slots = _slots(args)
+    slots = student_side.slots_of(args)
     if not isinstance(student, probe.StudentProxy):
         call = probe.as_callable(student)
         tensors = tuple(args[i].detach().clone().requires_grad_() for i in slots)
         with quiet():
             try:
-                torch.autograd.gradcheck(lambda *t: call(*_with(args, slots, t)), tensors, check_forward_ad=True,
+                torch.autograd.gradcheck(lambda *t: call(*student_side.with_tensors(args, slots, t)), tensors, check_forward_ad=True,
                                          check_backward_ad=False, check_undefined_grad=False, fast_mode=True)
                 return
             except GradcheckError as error:
@@ -521,7 +510,7 @@ def check_compile(student: Any, name: str, reference: Reference, cases: Sequence
                 _compare(f"{compiled}: forward", g, w, shown)
             names = _names(arg_names, args)
             for k, (g, w) in enumerate(zip(_tensor_list(found["grads"], "gradients"), _reference_grads(reference, args, weights))):
-                _compare(f"{compiled}: gradient for `{names[_slots(args)[k]]}`", torch.zeros_like(w) if g is None else g,
+                _compare(f"{compiled}: gradient for `{names[student_side.slots_of(args)[k]]}`", torch.zeros_like(w) if g is None else g,
                          w, shown + [f"weights = {show(weights[0])}"])
             graphs += [[str(op) for op in g] for g in found.get("graphs") or [] if isinstance(g, list)]
     if in_graph is not None and not any(in_graph in op for g in graphs for op in g):

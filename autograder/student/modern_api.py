@@ -29,12 +29,12 @@ def _detached(values: Sequence[Any]) -> list:
     return [v.detach() if isinstance(v, torch.Tensor) else v for v in values]
 
 
-def _slots(args: Sequence[Any]) -> list[int]:
+def slots_of(args: Sequence[Any]) -> list[int]:
     """Positions of the floating-point tensor arguments (the ones differentiated)."""
     return [i for i, a in enumerate(args) if probe.differentiable(a)]
 
 
-def _with(args: Sequence[Any], slots: Sequence[int], tensors: Sequence[Any]) -> list:
+def with_tensors(args: Sequence[Any], slots: Sequence[int], tensors: Sequence[Any]) -> list:
     full = list(args)
     for i, t in zip(slots, tensors):
         full[i] = t
@@ -98,18 +98,18 @@ def func_grad(fn: Any, args: tuple, weights: list) -> dict:
     """torch.func.grad of <fn(*args), weights> with respect to every floating-point tensor
     argument, and torch.func.jacrev of fn with respect to them (one output only)."""
     args = _detached(args)
-    slots = _slots(args)
+    slots = slots_of(args)
     scalar = _inner(fn, weights)
     found: dict[str, Any] = {"grad": None, "grad_error": None, "jacrev": None, "jacrev_error": None}
     try:
-        grads = torch.func.grad(lambda *t: scalar(*_with(args, slots, t)), argnums=tuple(range(len(slots))))(
+        grads = torch.func.grad(lambda *t: scalar(*with_tensors(args, slots, t)), argnums=tuple(range(len(slots))))(
             *[args[i] for i in slots])
         found["grad"] = [g.detach() for g in grads]
     except Exception as exc:  # the student's code may raise anything
         found["grad_error"] = _error("torch.func.grad", exc)
     call = probe.as_callable(fn)
     try:
-        jac = torch.func.jacrev(lambda *t: call(*_with(args, slots, t)), argnums=tuple(range(len(slots))))(
+        jac = torch.func.jacrev(lambda *t: call(*with_tensors(args, slots, t)), argnums=tuple(range(len(slots))))(
             *[args[i] for i in slots])
         if not isinstance(jac, tuple) or not all(isinstance(j, torch.Tensor) for j in jac):
             raise TypeError("jacrev returned one Jacobian per output: the Function must have one output here")
@@ -141,13 +141,13 @@ def vmapped(fn: Any, args: tuple, levels: list, weights: list | None, grad_of_vm
         found["outputs"] = _outputs(f(*args))
     except Exception as exc:  # the student's code may raise anything
         found["error"] = _error("vmap", exc)
-    slots = _slots(args)
+    slots = slots_of(args)
     if weights is not None and len(levels) == 1:
         dims = tuple(levels[0])
 
         def per_sample(*tensors_and_weights):
             tensors, ws = tensors_and_weights[: len(slots)], tensors_and_weights[len(slots):]
-            return _inner(fn, ws)(*_with(args, slots, tensors))
+            return _inner(fn, ws)(*with_tensors(args, slots, tensors))
 
         try:
             grads = torch.func.vmap(
@@ -161,7 +161,7 @@ def vmapped(fn: Any, args: tuple, levels: list, weights: list | None, grad_of_vm
         dims = tuple(levels[0])
 
         def batched_scalar(*tensors):
-            out = torch.func.vmap(call, in_dims=dims)(*_with(args, slots, tensors))
+            out = torch.func.vmap(call, in_dims=dims)(*with_tensors(args, slots, tensors))
             outs = [o for o in probe.outputs_of(out) if probe.differentiable(o)]
             return sum((o * w).sum() for o, w in zip(outs, grad_of_vmap))
 
@@ -201,9 +201,9 @@ def forward_ad(fn: Any, args: tuple, tangent_sets: list, hessian_weights: list |
         except Exception as exc:  # the student's code may raise anything
             runs.append({"primals": [], "tangents": [], "error": _error("forward AD", exc)})
     found: dict[str, Any] = {"runs": runs, "jacfwd": None, "jacfwd_error": None, "hessian": None, "hessian_error": None}
-    slots = _slots(args)
+    slots = slots_of(args)
     try:
-        jac = torch.func.jacfwd(lambda *t: call(*_with(args, slots, t)), argnums=tuple(range(len(slots))))(
+        jac = torch.func.jacfwd(lambda *t: call(*with_tensors(args, slots, t)), argnums=tuple(range(len(slots))))(
             *[args[i] for i in slots])
         if not isinstance(jac, tuple) or not all(isinstance(j, torch.Tensor) for j in jac):
             raise TypeError("jacfwd returned one Jacobian per output: the Function must have one output here")
@@ -214,7 +214,7 @@ def forward_ad(fn: Any, args: tuple, tangent_sets: list, hessian_weights: list |
         scalar = _inner(fn, hessian_weights)
         first = slots[0]
         try:
-            found["hessian"] = torch.func.hessian(lambda t: scalar(*_with(args, [first], [t])))(args[first]).detach()
+            found["hessian"] = torch.func.hessian(lambda t: scalar(*with_tensors(args, [first], [t])))(args[first]).detach()
         except Exception as exc:  # the student's code may raise anything
             found["hessian_error"] = _error("torch.func.hessian", exc)
     return found
@@ -228,11 +228,11 @@ def forward_ad_gradcheck(fn: Any, args: tuple) -> dict | None:
     from torch.autograd.gradcheck import GradcheckError
 
     args = _detached(args)
-    slots = _slots(args)
+    slots = slots_of(args)
     call = probe.as_callable(fn)
     tensors = tuple(args[i].clone().requires_grad_() for i in slots)
     try:
-        torch.autograd.gradcheck(lambda *t: call(*_with(args, slots, t)), tensors, check_forward_ad=True,
+        torch.autograd.gradcheck(lambda *t: call(*with_tensors(args, slots, t)), tensors, check_forward_ad=True,
                                  check_backward_ad=False, check_undefined_grad=False, fast_mode=True)
     except GradcheckError as error:
         return _error("gradcheck(check_forward_ad=True)", error)

@@ -1,0 +1,43 @@
+"""The instructor's material, as lines to look for wherever students' code or students can
+read: every solution and hidden-test line (quiz keys are in hidden tests) that the released
+notebooks do not show."""
+from __future__ import annotations
+
+import nbformat
+
+from autograder import authoring
+
+SHORTEST = 20  # characters: shorter lines are too common to mean anything
+
+
+def between(source: str, begin: str, end: str) -> list[str]:
+    """The stripped lines of `source` between two marker lines."""
+    found, inside = [], False
+    for line in source.splitlines():
+        if begin in line:
+            inside = True
+        elif end in line:
+            inside = False
+        elif inside:
+            found.append(line.strip())
+    return found
+
+
+def released_text() -> str:
+    return "\n".join(cell.source for path in sorted((authoring.ROOT / "course").glob("*/*.ipynb"))
+                     for cell in nbformat.read(path, as_version=4).cells)
+
+
+def instructor_lines() -> dict[str, str]:
+    """{line: where it comes from} for every notebook in solutions/."""
+    released = released_text()
+    found: dict[str, str] = {}
+    for slug in authoring.assignments():
+        for cell in nbformat.read(authoring.solution_path(slug), as_version=4).cells:
+            grade_id = cell.metadata.get("nbgrader", {}).get("grade_id", "?")
+            for kind, begin, end in (("hidden test", "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"),
+                                     ("solution", "### BEGIN SOLUTION", "### END SOLUTION")):
+                for line in between(cell.source, begin, end):
+                    if len(line) >= SHORTEST and not line.startswith("#") and line not in released:
+                        found.setdefault(line, f"{slug} {grade_id} ({kind})")
+    return found
