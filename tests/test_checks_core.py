@@ -150,7 +150,7 @@ def test_double_backward_catches_an_untracked_backward():
     with pytest.raises(CheckFailed) as failure:
         check_function(SinhOnCtx, sinh_spec())
     assert "double backward is wrong" in str(failure.value)
-    assert "not differentiable by autograd" in str(failure.value)
+    assert "an intermediate saved in forward (of shape (4,), stashed as `ctx.cosh`)" in str(failure.value)
 
 
 def test_double_backward_catches_a_missing_grad_output_term():
@@ -261,3 +261,291 @@ def test_the_graders_finite_differences_name_the_wrong_entry():
 def test_the_graders_finite_differences_catch_a_backward_not_linear_in_grad_output():
     with pytest.raises(CheckFailed, match="gradient for `x`"):
         _remote_finite_differences(_scale(lambda g, x, w: (g.abs() * w, g * x)), SCALE_ARGS, ["x", "w"])
+
+
+# --- Classes of bugs the generic check catches, each named in its message -----------------
+
+def _fn(forward, backward, name="Student"):
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+
+
+def _failure(student, spec) -> str:
+    with pytest.raises(CheckFailed) as info:
+        check_function(student, spec)
+    return str(info.value)
+
+
+def _saves_inputs(ctx, x, w):
+    ctx.save_for_backward(x, w)
+    return x * w
+
+
+MUL = FunctionSpec("Mul", lambda x, w: x * w, lambda g: [(inputs.normal((3, 2), g), inputs.normal((3, 2), g))])
+MUL_BROADCAST = FunctionSpec("Mul", lambda x, w: x * w, lambda g: [(inputs.normal((3, 2), g), inputs.normal((2,), g))])
+
+
+def test_a_backward_that_zeroes_grad_output_in_place_fails():
+    def backward(ctx, g, x, c):
+        g[~mask(x, c)] = 0  # autograd's tensor, and the caller's
+        return g, None
+
+    message = str(pytest.raises(CheckFailed, check_clipped_relu, clipped(backward)).value)
+    assert "backward modified grad_output in place" in message and "clone grad_output first" in message
+
+
+def test_a_backward_that_views_grad_output_fails_on_a_non_contiguous_one():
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return (g.view(-1) * w.reshape(-1)).view(x.shape), (g.view(-1) * x.reshape(-1)).view(w.shape)
+
+    message = _failure(_fn(_saves_inputs, backward), MUL)
+    assert "called `.view` on a tensor that is not contiguous" in message
+    assert "given a grad_output that is not contiguous" in message and "`.reshape(...)`" in message
+
+
+def test_a_backward_that_changes_an_expanded_grad_output_fails_with_its_own_message():
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return g.mul_(w) if not g.is_contiguous() else g * w, g * x  # changes only what it cannot
+
+    spec = FunctionSpec("Mul", lambda x, w: x * w, lambda g: [(inputs.normal((4,), g), inputs.normal((4,), g))])
+    message = _failure(_fn(_saves_inputs, backward), spec)
+    assert "backward modified" in message and "grad_output" in message
+
+
+def test_every_combination_of_needs_input_grad_is_tried():
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        gx = g * w if ctx.needs_input_grad[0] else None
+        gw = g * x if ctx.needs_input_grad[0] else None  # the index of x, copied
+        return gx, gw
+
+    message = _failure(_fn(_saves_inputs, backward), MUL)
+    assert "wrong gradient for `w` when only `w` requires grad" in message
+    assert "backward returned None, but `w` needs a gradient" in message and "ctx.needs_input_grad" in message
+
+
+def test_gradients_returned_in_the_wrong_order_are_named_as_such():
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return g * x, g * w
+
+    assert "this is the gradient for `w`: backward returns the gradients in the order" in _failure(_fn(_saves_inputs, backward), MUL)
+
+    def backward_broadcast(ctx, g):
+        x, w = ctx.saved_tensors
+        return (g * x).sum(0), g * w
+
+    message = _failure(_fn(_saves_inputs, backward_broadcast), MUL_BROADCAST)
+    assert "the gradient for `x` has shape (2,), the shape of `w`" in message and "wrong order" in message
+
+
+def test_a_non_tensor_given_to_save_for_backward_is_named():
+    class SavesClip(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, clip):
+            ctx.save_for_backward(x, clip)
+            return x.clamp(0, clip)
+
+        @staticmethod
+        def backward(ctx, g):
+            x, clip = ctx.saved_tensors
+            return g * mask(x, clip), None
+
+    message = str(pytest.raises(CheckFailed, check_clipped_relu, SavesClip).value)
+    assert "forward passed a float to `ctx.save_for_backward`" in message and "ctx.clip = clip" in message
+
+
+def test_a_float32_forward_is_named_as_such():
+    class SinInFloat32(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x.float().sin().double()  # 7 digits: close enough for the values, noise for gradcheck
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * x.cos()
+
+    spec = FunctionSpec("Sin", torch.sin, lambda g: [(inputs.uniform((5,), g),)], rtol=1e-6)
+    message = _failure(SinInFloat32, spec)
+    assert "your forward computes in float32" in message and "backward must be linear" not in message
+
+
+def test_an_input_changed_in_place_is_shown_as_it_was_before_the_call():
+    class Clamps(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, clip):
+            ctx.clip = clip
+            y = x.clamp_(0, clip)
+            ctx.save_for_backward(y)
+            return y
+
+        @staticmethod
+        def backward(ctx, g):
+            (y,) = ctx.saved_tensors
+            return g * mask(y, ctx.clip), None
+
+    message = str(pytest.raises(CheckFailed, check_clipped_relu, Clamps).value)
+    assert "x = tensor([-0.5," in message and "before the call" in message
+
+
+def test_the_meta_device_runs_every_case_not_only_a_0d_first_one():
+    def backward(ctx, g, x, c):
+        return g * mask(x, c) * torch.ones(x.shape, dtype=x.dtype), None  # a CPU tensor
+
+    message = str(pytest.raises(CheckFailed, check_clipped_relu, clipped(backward), shapes=[(), (3,)], clips=[1.0, 1.0]).value)
+    assert "on another device (meta)" in message
+
+
+def test_argument_names_shorter_than_the_arguments_are_no_error():
+    class Runs(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, scale, *inputs):
+            ctx.scale = scale
+            return tuple(t * scale for t in inputs)
+
+        @staticmethod
+        def backward(ctx, *grads):
+            return (None, *(g * ctx.scale for g in grads))
+
+    spec = FunctionSpec("Runs", lambda s, a, b: (a * s, b * s), lambda g: [(2.0, inputs.normal((3,), g), inputs.normal((2,), g))])
+    check_function(Runs, spec)
+
+    class Wrong(Runs):
+        @staticmethod
+        def backward(ctx, *grads):
+            return (None, *(g for g in grads))
+
+    message = _failure(Wrong, spec)
+    assert "wrong gradient for `input 1`" in message
+
+
+def _polar_forward(ctx, r, theta):
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(r, theta)
+    return r * theta.cos(), r * theta.sin()
+
+
+POLAR = FunctionSpec(
+    "Polar", lambda r, t: (r * t.cos(), r * t.sin()),
+    lambda g: [(inputs.normal((3,), g), inputs.normal((3,), g))],
+)
+
+
+def test_a_backward_that_cannot_take_a_none_gradient_fails_with_a_check_message():
+    def backward(ctx, gx, gy):
+        r, theta = ctx.saved_tensors
+        return gx * theta.cos() + gy * theta.sin(), r * (gy * theta.cos() - gx * theta.sin())
+
+    message = _failure(_fn(_polar_forward, backward), POLAR)
+    assert "backward received None as a gradient" in message and "when only output" in message
+
+
+def test_gradcheck_errors_other_than_gradcheck_errors_become_messages():
+    from autograder.checks.functions import _gradcheck
+
+    def backward(ctx, gx, gy):
+        raise TypeError("unsupported operand type(s) for *: 'NoneType' and 'Tensor'")
+
+    args = (torch.ones(2, dtype=torch.float64, requires_grad=True), torch.ones(2, dtype=torch.float64, requires_grad=True))
+    with pytest.raises(CheckFailed, match="in torch.autograd.gradcheck, backward raised TypeError"):
+        _gradcheck(_fn(_polar_forward, backward), POLAR, args, ["r", "theta"])
+
+
+def test_a_backward_that_handles_none_passes_and_says_what_else_was_tried(capsys):
+    def backward(ctx, gx, gy):
+        r, theta = ctx.saved_tensors
+        gr = gt = None
+        if gx is not None:
+            gr, gt = gx * theta.cos(), -gx * r * theta.sin()
+        if gy is not None:
+            gr = gy * theta.sin() if gr is None else gr + gy * theta.sin()
+            gt = gy * r * theta.cos() if gt is None else gt + gy * r * theta.cos()
+        return gr, gt
+
+    check_function(_fn(_polar_forward, backward), POLAR)
+    out = capsys.readouterr().out
+    assert "each combination of inputs requiring grad, each output used alone" in out
+
+
+def test_double_backward_names_an_intermediate_given_to_save_for_backward_and_a_detach():
+    class SinhSaved(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(torch.cosh(x))
+            return torch.sinh(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            (c,) = ctx.saved_tensors
+            return g * c
+
+    assert "(of shape (4,), given to save_for_backward)" in _failure(SinhSaved, sinh_spec())
+
+    class SinhDetached(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return torch.sinh(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * torch.cosh(x.detach())
+
+    assert "values autograd cannot follow: `.detach()`" in _failure(SinhDetached, sinh_spec())
+
+
+def test_double_backward_is_checked_by_finite_differences_in_the_grader_too(capsys):
+    from autograder.checks.remote import Remote, loopback
+
+    class Sinh(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return torch.sinh(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * torch.cosh(x)
+
+    check_function(Remote("Sinh", loopback({"Sinh": Sinh})), sinh_spec())
+    assert "gradcheck and gradgradcheck pass" in capsys.readouterr().out
+
+
+def test_argument_names_of_a_custom_op_a_module_and_star_args():
+    from autograder.student import probe
+
+    @torch.library.custom_op("course_tests::scaled", mutates_args=())
+    def scaled(x: torch.Tensor, scale: float) -> torch.Tensor:
+        return x * scale
+
+    class Layer(torch.nn.Module):
+        def forward(self, input, mask=None):
+            return input
+
+    def star(run, *inputs, **options):
+        return run
+
+    assert probe.argument_names(scaled) == ["x", "scale"]
+    assert probe.argument_names(Layer()) == ["input", "mask"]
+    assert probe.argument_names(star) == ["run"]
+
+
+COURSE_NAME = "the notebook's own"
+
+
+def test_names_are_substituted_for_a_module_class_too():
+    from autograder.student import probe
+
+    class Layer(torch.nn.Module):
+        def forward(self, x):
+            return COURSE_NAME
+
+    replacement = probe.reference("tests:replacement", lambda: None)
+    with probe.substituted(Layer, {"COURSE_NAME": replacement}) as replaced:
+        assert replaced == ["COURSE_NAME"] and Layer()(0) is replacement
+    assert Layer()(0) == "the notebook's own"

@@ -2,14 +2,19 @@
 from __future__ import annotations
 
 import re
+from typing import Sequence
 
 import torch
 
 NOT_IMPLEMENTED = "not implemented yet: replace `raise NotImplementedError()` with your code"
 
 
-def error(stage: str, kind: str, message: str, arg_names: list[str]) -> tuple[str, str | None]:
-    """(what happened, likely cause) for an exception raised while running a Function."""
+def error(
+    stage: str, kind: str, message: str, arg_names: Sequence[str],
+    arg_shapes: Sequence[tuple[int, ...] | None] | None = None,
+) -> tuple[str, str | None]:
+    """(what happened, likely cause) for an exception raised while running a Function;
+    `arg_shapes` (None for a non-tensor) lets it tell gradients returned in the wrong order."""
     first_line = message.strip().splitlines()[0].rstrip(".!") if message.strip() else kind
 
     def name(i: int) -> str:
@@ -44,9 +49,48 @@ def error(stage: str, kind: str, message: str, arg_names: list[str]) -> tuple[st
     m = re.search(r"invalid gradient at index (\d+) - got \[(.*?)\] but expected shape compatible with \[(.*?)\]", message)
     if m:
         i, got, want = int(m[1]), _dims(m[2]), _dims(m[3])
+        owners = [j for j, s in enumerate(arg_shapes or ()) if s is not None and tuple(s) == got and j != i]
+        if owners:
+            return (
+                f"the gradient for {name(i)} has shape {got}, the shape of {name(owners[0])}",
+                "backward returns the gradients in the wrong order: one per input of forward, "
+                f"in the order of forward's arguments ({', '.join(name(j) for j in range(len(arg_shapes or ())))}).",
+            )
         return (
             f"the gradient for {name(i)} has shape {got} but {name(i)} has shape {want}",
             shape_cause(got, want),
+        )
+    m = re.search(r"save_for_backward can only save variables, but argument (\d+) is of type (\w+)", message)
+    if m:
+        return (
+            f"{stage} passed a {m[2]} to `ctx.save_for_backward` (its argument {m[1]})",
+            "save_for_backward takes tensors (and None) only. Keep numbers, shapes and flags as "
+            "attributes of ctx: `ctx.clip = clip`.",
+        )
+    if "more than one element of the written-to tensor refers to a single memory location" in message:
+        return (
+            f"{stage} modified an expanded tensor in place (most likely grad_output)",
+            "grad_output belongs to autograd, and it may be expanded: one value in memory seen at every "
+            "position (as `y.sum().backward()` passes it). Compute a new tensor (`grad_output * mask`), "
+            "or clone grad_output before changing it.",
+        )
+    if "view size is not compatible with input tensor's size and stride" in message:
+        return (
+            f"{stage} called `.view` on a tensor that is not contiguous",
+            "`.view` needs contiguous memory, and autograd may pass a grad_output that is not contiguous "
+            "(after a transpose or a slice) or expanded. Use `.reshape(...)`, which copies only when it must.",
+        )
+    if "NoneType" in message and stage in ("backward", "double backward"):
+        return (
+            f"{stage} raised {kind}: {first_line}",
+            "backward received None as a gradient: after `ctx.set_materialize_grads(False)`, the gradient of "
+            "an output that was not used arrives as None. Skip the terms that need it "
+            "(`if grad_y is not None: ...`) instead of computing with it.",
+        )
+    if "leaf Variable that requires grad" in message and stage in ("backward", "double backward"):
+        return (
+            f"{stage} modified in place a tensor it does not own (grad_output, or a saved input)",
+            "compute a new tensor instead: grad_output and the saved inputs belong to autograd and to the caller.",
         )
     if "is not on the expected device" in message or "expected device" in message:
         return (
@@ -155,3 +199,21 @@ def gradient_cause(
         return "the gradient is the transpose of the right one."
     return None
 
+
+
+def gradcheck_cause(message: str, label: str = "gradcheck") -> str:
+    """The likely cause of a failed gradcheck or gradgradcheck, from its message."""
+    if "not multiplied by grad_output" in message:
+        return "backward must be linear in grad_output: multiply the local derivative by grad_output, add nothing."
+    if "not reentrant" in message:
+        return ("backward gives different results for the same input and grad_output: it must not depend on "
+                "randomness or on state kept between calls.")
+    if "all input grads to be undefined or zero" in message:
+        return ("when no gradient flows in (every grad_output None, with `ctx.set_materialize_grads(False)`), "
+                "backward must return None (or zeros) for every input.")
+    if label == "gradgradcheck":
+        return ("the first derivative agrees, the second does not: backward must be differentiable, "
+                "built with torch operations from grad_output and the saved inputs or outputs.")
+    return ("backward disagrees with finite differences of your own forward, although both agreed with the "
+            "reference along the checked directions: backward must be linear in grad_output and the same "
+            "every time it runs.")

@@ -8,8 +8,9 @@ a run on the `meta` device must not hit a tensor hard-coded on the CPU.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from torch.autograd.gradcheck import GradcheckError
@@ -53,24 +54,32 @@ def check_function(student: Any, spec: FunctionSpec, *, seed: int | None = 0) ->
     with quiet():
         names = probe.argument_names(student)
         cases = spec.cases(generator)
+        partial: set[str] = set()
         for device in devices.available():
             for args in cases:
-                _agree(student, spec, devices.prepare(args, device), names, generator)
+                rounded = _agree(student, spec, devices.prepare(args, device), names, generator)
+                partial |= _agree_in_part(student, spec, devices.prepare(args, device), names, generator)
                 if isinstance(student, probe.StudentProxy):
-                    _finite_differences(student, spec, devices.prepare(args, device), names, generator)
+                    _finite_differences(student, spec, devices.prepare(args, device), names, generator, rounded=rounded)
+                    if spec.double_backward:
+                        _second_finite_differences(student, spec, devices.prepare(args, device), names, generator)
                 else:
-                    _gradcheck(student, spec, devices.prepare(args, device))
+                    _gradcheck(student, spec, devices.prepare(args, device), names, rounded=rounded)
         if not spec.autograd_in_backward:
             _no_autograd_in_backward(student, spec, devices.prepare(cases[0], "cpu"), names)
-        meta = _meta(student, cases[0], names)
+        meta = _meta(student, cases, names)
     checked = "forward, backward and double backward" if spec.double_backward else "forward and backward"
-    # (For a student's object in another process, the grader's own finite differences
-    # stand in for gradcheck: same method, numbers computed where student code never runs.)
+    # For a student's object in another process, the grader's own finite differences (of
+    # the student's forward, and of the student's backward for double backward) stand in
+    # for gradcheck and gradgradcheck: the same method, numbers computed where student code
+    # never runs.
     tools = "gradcheck and gradgradcheck pass" if spec.double_backward else "gradcheck passes"
     passed(
         f"{spec.name}: {checked} agree with the reference on {len(cases)} input(s); "
         f"{tools} (float64, {', '.join(devices.available())})."
     )
+    tried = [what for what in ("each combination of inputs requiring grad", "each output used alone") if what in partial]
+    note(", ".join(["grad_output given not contiguous and expanded", *tried]) + ": the gradients agree too.")
     note(meta)
     if "cuda" not in devices.available():
         note(devices.NO_CUDA)
@@ -80,59 +89,177 @@ def _like(t: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return torch.randn(t.shape, generator=generator, dtype=t.dtype).to(t.device)
 
 
-def _agree(student: Any, spec: FunctionSpec, args: tuple, names: list[str], generator) -> None:
+def _fresh(args: tuple) -> tuple:
+    """Copies of the arguments for the reference (the student's code must not touch them)."""
+    return tuple(a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def _labels(names: Sequence[str], n: int) -> list[str]:
+    """A name for each of `n` arguments: the student's own names where known."""
+    return [names[i] if i < len(names) else f"input {i}" for i in range(n)]
+
+
+# How each layout of grad_output (probe.run) is described when backward fails on it.
+LAYOUT_WORDS = {
+    "strided": "a grad_output that is not contiguous (as autograd passes after a transpose or a slice)",
+    "expanded": "an expanded grad_output (one value in memory seen at every position, as `y.sum().backward()` passes)",
+}
+LAYOUTS = ["strided", "expanded"]  # of the random grad_outputs, and of the ones
+
+
+def _agree(student: Any, spec: FunctionSpec, args: tuple, names: list[str], generator) -> bool:
+    """Fail unless the student's code agrees with the reference on `args`; return whether
+    its forward values are float32 numbers (see `_compare_outputs`)."""
     __tracebackhide__ = True
-    ref_args = tuple(a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args)
+    shown = _describe(args, names)  # before the student's forward runs: it might change them
+    ref_args = _fresh(args)
     outs = [o for o in probe.outputs_of(spec.reference(*ref_args)) if probe.differentiable(o)]
     grad_outputs = [[_like(o, generator) for o in outs], [torch.ones_like(o) for o in outs]]
     wrt = [a for a in args if probe.differentiable(a)]
     grad_grads = [_like(a, generator) for a in wrt] if spec.double_backward else None
     expected = probe.run(spec.reference, ref_args, grad_outputs, grad_grads)
     if expected.error:
-        raise RuntimeError(f"reference of {spec.name} failed: {expected.error}")
-    actual = probe.run(student, args, grad_outputs, grad_grads)
-    shown = _describe(args, names)
+        raise RuntimeError(f"reference of {spec.name}: {expected.error}")
+    actual = probe.run(student, args, grad_outputs, grad_grads, LAYOUTS)
+    labels = _labels(names, len(args))
     error = actual.error
 
     if error and error.stage == "forward":
-        _fail_error(spec, error, names, shown)
-    _compare_outputs(spec, expected.outputs, actual.outputs, shown)
+        _fail_error(spec, error, names, shown, args)
+    rounded = _compare_outputs(spec, expected.outputs, actual.outputs, shown)
     if actual.modified:
-        name = names[actual.modified[0]] if actual.modified[0] < len(names) else f"input {actual.modified[0]}"
         fail(
-            f"{spec.name}: forward modified its input `{name}` in place.", *shown,
+            f"{spec.name}: forward modified its input `{labels[actual.modified[0]]}` in place.",
+            *shown, "(the values above are those before the call)",
             cause="the caller's tensor must stay unchanged: compute a new tensor "
             "(e.g. `x.clamp(...)`, not `x.clamp_(...)`).",
         )
+    _check_grad_outputs_left_alone(spec, actual, shown)
     if error and error.stage == "backward":
-        _fail_error(spec, error, names, shown)
+        _fail_error(spec, error, names, shown, args, layout=_failed_layout(actual))
 
-    wrt_names = [n for n, a in zip(names or [f"input {i}" for i in range(len(args))], args) if probe.differentiable(a)]
-    for i, (want, got) in enumerate(zip(expected.grads[0], actual.grads[0])):
-        _compare_grad(
-            spec, args, i, wrt_names[i], want, got, expected.grads[1][i],
-            shown + [f"grad_output = {show(grad_outputs[0][0])}"],
-        )
+    wrt_names = [n for n, a in zip(labels, args) if probe.differentiable(a)]
+    _compare_grads(spec, args, wrt_names, expected.grads[0], actual.grads[0], expected.grads[1],
+                   shown + [f"grad_output = {show(grad_outputs[0][0])}"])
+    if len(actual.grads) > 1:  # the expanded grad_output of ones: the same gradient, laid out otherwise
+        _compare_grads(spec, args, wrt_names, expected.grads[1], actual.grads[1], None,
+                       shown + ["grad_output = ones, expanded (as `y.sum().backward()` passes it)"])
     if spec.double_backward:
         if error:  # double backward stage
-            _fail_error(spec, error, names, shown)
+            _fail_error(spec, error, names, shown, args)
         targets = [f"`{n}`" for n in wrt_names] + ["grad_output"] * len(outs)
         for target, want, got in zip(targets, expected.grads2, actual.grads2):
-            _compare_second(spec, target, want, got, shown)
+            _compare_second(student, spec, target, want, got, shown, args, names)
+    return rounded
+
+
+def _failed_layout(actual: probe.Probe) -> str | None:
+    """The layout of the grad_output set whose backward raised (sets run in order)."""
+    k = len(actual.grads)
+    return LAYOUTS[k] if k < len(LAYOUTS) else None
+
+
+def _check_grad_outputs_left_alone(spec: FunctionSpec, actual: probe.Probe, shown: list[str]) -> None:
+    __tracebackhide__ = True
+    if actual.modified_grad_outputs:
+        fail(
+            f"{spec.name}: backward modified grad_output in place.", *shown,
+            cause="grad_output belongs to autograd: the same tensor may also be the gradient of another "
+            "use of the output, or the caller's own tensor passed to `.backward(g)`, which then changes "
+            "under their feet. Compute a new tensor (`grad_output * mask`, not `grad_output[~mask] = 0`), "
+            "or clone grad_output first.",
+        )
+
+
+def _agree_in_part(student: Any, spec: FunctionSpec, args: tuple, names: list[str], generator) -> set[str]:
+    """With only some inputs requiring grad (every combination, which `ctx.needs_input_grad`
+    tells backward), and with each output used alone (the others then give backward zeros,
+    or None with `ctx.set_materialize_grads(False)`), the gradients still agree. Returns
+    what there was to try."""
+    __tracebackhide__ = True
+    slots = [i for i, a in enumerate(args) if probe.differentiable(a)]
+    labels = _labels(names, len(args))
+    n_outs = len([o for o in probe.outputs_of(spec.reference(*_fresh(args))) if probe.differentiable(o)])
+    runs: list[tuple[tuple[int, ...], int | None]] = []
+    if len(slots) > 1:
+        runs += [(subset, None) for r in range(1, len(slots)) for subset in itertools.combinations(slots, r)]
+    if n_outs > 1:
+        runs += [(tuple(slots), k) for k in range(n_outs)]
+    for subset, only in runs:
+        part = tuple(
+            a.detach().clone().requires_grad_(i in subset) if i in slots else a for i, a in enumerate(args)
+        )
+        ref_args = _fresh(part)
+        outs = [o for o in probe.outputs_of(spec.reference(*ref_args)) if probe.differentiable(o)]
+        grad_outputs = [[_like(o, generator) if only is None or k == only else None for k, o in enumerate(outs)]]
+        expected = probe.run(spec.reference, ref_args, grad_outputs)
+        if expected.error:
+            raise RuntimeError(f"reference of {spec.name}: {expected.error}")
+        actual = probe.run(student, part, grad_outputs, None, LAYOUTS[:1])
+        if only is None:
+            needing = " and ".join(f"`{labels[i]}`" for i in subset)
+            when = f"when only {needing} {'requires' if len(subset) == 1 else 'require'} grad"
+        else:
+            when = f"when only output {only} is used (the other outputs get no gradient)"
+        shown = _describe(part, names) + [f"({when})"]
+        if actual.error:
+            _fail_error(spec, actual.error, names, shown, part, layout=_failed_layout(actual), when=when)
+        _check_grad_outputs_left_alone(spec, actual, shown)
+        wrt_names = [labels[i] for i in subset]
+        given = next(v for v in grad_outputs[0] if v is not None)
+        _compare_grads(spec, part, wrt_names, expected.grads[0], actual.grads[0], None,
+                       shown + [f"grad_output = {show(given)}"], when=when)
+    return ({"each combination of inputs requiring grad"} if len(slots) > 1 else set()) | (
+        {"each output used alone"} if n_outs > 1 else set())
 
 
 def _describe(args: tuple, names: list[str]) -> list[str]:
-    labels = names if len(names) == len(args) else [f"input {i}" for i in range(len(args))]
-    return [f"{n} = {show(a)}" for n, a in zip(labels, args)]
+    return [f"{n} = {show(a)}" for n, a in zip(_labels(names, len(args)), args)]
 
 
-def _fail_error(spec: FunctionSpec, error: probe.ProbeError, names: list[str], shown: list[str]) -> None:
+def _shapes(args: tuple) -> list[tuple[int, ...] | None]:
+    return [tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args]
+
+
+def _fail_error(spec: FunctionSpec, error: probe.ProbeError, names: list[str], shown: list[str],
+                args: tuple = (), layout: str | None = None, when: str = "") -> None:
     __tracebackhide__ = True
-    what, cause = explain.error(error.stage, error.type, error.message, names)
-    fail(f"{spec.name}: {what}.", *shown, cause=cause)
+    what, cause = explain.error(error.stage, error.type, error.message, _labels(names, len(args)) if args else names,
+                                arg_shapes=_shapes(args))
+    given = f" (given {LAYOUT_WORDS[layout]})" if layout in LAYOUT_WORDS and error.stage == "backward" else ""
+    fail(f"{spec.name}: {what}{given}{' ' + when if when else ''}.", *shown, cause=cause)
 
 
-def _compare_outputs(spec, expected: list, actual: list, shown: list[str]) -> None:
+def _float32_rounded(want: torch.Tensor, got: torch.Tensor) -> bool:
+    """Every value of `got` is a float32 number close to `want`, whose values are not all
+    float32 numbers: `got` was computed in float32 (and cast back to float64, by the
+    student or by autograd's engine). Used to name a failure's cause, never to fail."""
+    if got.dtype != torch.float64 or want.dtype != torch.float64 or got.shape != want.shape or not got.numel():
+        return False
+    got, want = got.cpu(), want.cpu()
+    if not torch.isfinite(want).all() or not torch.isfinite(got).all():
+        return False
+    scale = float(want.abs().max())
+    near = bool(torch.allclose(got, want, rtol=1e-4, atol=1e-5 * scale))  # within float32's rounding errors
+    return near and bool(torch.equal(got, got.float().double())) and not bool(torch.equal(want, want.float().double()))
+
+
+FLOAT32 = (
+    "a tensor created with the default dtype (`torch.tensor(...)`, `torch.ones(n)`, a mask turned into a "
+    "number with `.float()`) pulls the computation down to float32. Keep the input's dtype: "
+    "`torch.ones_like(x)`, `x.new_tensor(...)`, `.to(x.dtype)`."
+)
+
+
+ROUNDED = (
+    "your forward computes in float32: its values agree with the reference only to float32's 7 digits, "
+    "and finite differences of them (steps of 1e-6) are rounding noise. " + FLOAT32
+)
+
+
+def _compare_outputs(spec, expected: list, actual: list, shown: list[str]) -> bool:
+    """Fail unless the outputs agree; return whether they agree only as float32 numbers do
+    (close, but every value rounded to float32: finite differences of them are noise)."""
     __tracebackhide__ = True
     if len(actual) != len(expected):
         fail(f"{spec.name}: forward returned {len(actual)} tensor(s), expected {len(expected)}.", *shown)
@@ -154,21 +281,33 @@ def _compare_outputs(spec, expected: list, actual: list, shown: list[str]) -> No
                 f"{spec.name}: {label} has wrong values.", *shown,
                 f"expected {show(want)}", f"actual   {show(got)}",
                 explain.mismatch(want.double(), got.double(), rtol=spec.rtol, atol=spec.atol),
+                cause=f"every value is rounded to float32: {FLOAT32}" if _float32_rounded(want, got) else None,
             )
+    return any(_float32_rounded(want.cpu(), got.cpu()) for want, got in zip(expected, actual))
 
 
 def _is_zero(t: torch.Tensor | None) -> bool:
     return t is None or not bool(t.any())
 
 
-def _compare_grad(spec, args, i, name, want, got, want_ones, shown) -> None:
+def _compare_grads(spec, args, wrt_names, want, got, want_ones, shown, when: str = "") -> None:
     __tracebackhide__ = True
-    label = f"{spec.name}: wrong gradient for `{name}`"
+    for i, (w, g) in enumerate(zip(want, got)):
+        others = [(n, o) for j, (n, o) in enumerate(zip(wrt_names, want)) if j != i and o is not None]
+        _compare_grad(spec, args, i, wrt_names[i], w, g, None if want_ones is None else want_ones[i], shown,
+                      others=others, when=when)
+
+
+def _compare_grad(spec, args, i, name, want, got, want_ones, shown, *, others=(), when: str = "") -> None:
+    __tracebackhide__ = True
+    label = f"{spec.name}: wrong gradient for `{name}`{' ' + when if when else ''}"
     if got is None:
         if _is_zero(want):
             return
         fail(f"{label}: backward returned None, but `{name}` needs a gradient.", *shown,
-             f"expected {show(want)}")
+             f"expected {show(want)}",
+             cause="None tells autograd the gradient is known to be zero. Return a gradient for every input "
+             "whose `ctx.needs_input_grad[i]` is True (check the index you test), and None only for the others.")
     if want is None:
         want = torch.zeros_like(got)
     want, got, want_ones = want.cpu(), got.cpu(), None if want_ones is None else want_ones.cpu()
@@ -178,8 +317,12 @@ def _compare_grad(spec, args, i, name, want, got, want_ones, shown) -> None:
     if torch.allclose(got, want, rtol=spec.rtol, atol=spec.atol):
         return
     wrong = ~torch.isclose(got, want, rtol=spec.rtol, atol=spec.atol)
-    causes = [explain.gradient_cause(want, got, want_ones, rtol=spec.rtol, atol=spec.atol)]
-    if spec.hint is not None:
+    swapped = _swapped(got, name, others, spec)
+    causes = [swapped or explain.gradient_cause(want, got, want_ones, rtol=spec.rtol, atol=spec.atol)]
+    if _float32_rounded(want, got):
+        causes = [f"every value is rounded to float32 (autograd's engine casts a float32 gradient back to "
+                  f"float64 without a word): {FLOAT32}"]
+    elif spec.hint is not None:
         causes.append(spec.hint(tuple(a.detach().cpu() if isinstance(a, torch.Tensor) else a for a in args), i, wrong))
     cause = " ".join(c for c in causes if c) or None
     fail(
@@ -188,7 +331,17 @@ def _compare_grad(spec, args, i, name, want, got, want_ones, shown) -> None:
     )
 
 
-def _compare_second(spec, target: str, want, got, shown) -> None:
+def _swapped(got: torch.Tensor, name: str, others, spec) -> str | None:
+    """The gradient returned for `name` is the one another input needs: the order is off."""
+    for other, want in others:
+        want = want.cpu()
+        if want.shape == got.shape and torch.allclose(got, want, rtol=spec.rtol, atol=spec.atol) and bool(want.any()):
+            return (f"this is the gradient for `{other}`: backward returns the gradients in the order of "
+                    f"forward's inputs, one per input.")
+    return None
+
+
+def _compare_second(student, spec, target: str, want, got, shown, args, names) -> None:
     __tracebackhide__ = True
     if _is_zero(want) and _is_zero(got):
         return
@@ -203,12 +356,7 @@ def _compare_second(spec, target: str, want, got, shown) -> None:
             "backward is a Function of its own (like CubeBackward), its backward must return it."
         )
     elif _is_zero(got):
-        cause = (
-            "your backward is not differentiable by autograd: it uses values autograd cannot "
-            "track (an intermediate saved in forward, a tensor stored on ctx, `.detach()`, "
-            "numpy or `@once_differentiable`). Compute the gradient with differentiable torch "
-            "operations from saved inputs or outputs."
-        )
+        cause = _not_differentiable(student, args, names)
     else:
         cause = "the derivative of your backward formula is wrong (check the backward of your backward)."
     fail(
@@ -221,7 +369,35 @@ def _compare_second(spec, target: str, want, got, shown) -> None:
     )
 
 
-def _gradcheck(student: Any, spec: FunctionSpec, args: tuple) -> None:
+def _not_differentiable(student: Any, args: tuple, names: list[str]) -> str:
+    """Why autograd could not differentiate a backward: an intermediate that forward saved
+    (found by recording the call; best effort), or values it cannot follow."""
+    from . import saved  # (saved's checks build on this module's neighbours, not on it)
+
+    try:
+        recording, _ = saved.observe(student, _fresh(args))
+    except Exception:  # the student's code may raise anything; the caller has a message anyway
+        recording = None
+    if recording is not None and recording.function:
+        kept = [(None, s) for s in recording.saved] + list(recording.stashed.items())
+        found = [(path, s) for path, s in kept if s.kind == "intermediate"]
+        if found:
+            path, s = found[0]
+            where = f"stashed as `ctx.{path}`" if path else "given to save_for_backward"
+            return (
+                f"your backward uses an intermediate saved in forward (of shape {s.shape}, {where}). Forward runs "
+                "without recording a graph, so to autograd an intermediate is a constant, and a gradient computed "
+                "from it cannot be differentiated again, however it was kept. Keep inputs or outputs only, and "
+                "recompute the rest in backward with torch operations."
+            )
+    return (
+        "your backward computes with values autograd cannot follow: `.detach()`, `.data`, `torch.no_grad()`, "
+        "NumPy or `@once_differentiable`. Compute the gradient with torch operations from grad_output and the "
+        "saved inputs and outputs."
+    )
+
+
+def _gradcheck(student: Any, spec: FunctionSpec, args: tuple, names: list[str], *, rounded: bool = False) -> None:
     __tracebackhide__ = True
     call = probe.as_callable(student)
     slots = [i for i, a in enumerate(args) if probe.differentiable(a)]
@@ -238,13 +414,18 @@ def _gradcheck(student: Any, spec: FunctionSpec, args: tuple) -> None:
         checks.append(("gradgradcheck", torch.autograd.gradgradcheck))
     for label, check in checks:
         # Along random directions first (a fraction of the cost); entry by entry only to report.
-        error = _gradcheck_error(check, fn, tensors, fast_mode=True) and _gradcheck_error(check, fn, tensors)
+        try:
+            error = _gradcheck_error(check, fn, tensors, fast_mode=True) and _gradcheck_error(check, fn, tensors)
+        except Exception as exc:  # the student's code may raise anything inside gradcheck
+            what, cause = explain.error("backward", type(exc).__name__, str(exc), _labels(names, len(args)),
+                                        arg_shapes=_shapes(args))
+            fail(f"{spec.name}: in torch.autograd.{label}, {what}.", *_describe(args, names), cause=cause)
         if error is not None:
             lines = str(error).strip().splitlines()
             fail(
                 f"{spec.name}: torch.autograd.{label} failed although the values agree with the reference.",
                 *(lines[:12] + (["..."] if len(lines) > 12 else [])),
-                cause="backward must be linear in grad_output and give the same result every time.",
+                cause=ROUNDED if rounded else explain.gradcheck_cause(str(error), label),
             )
 
 
@@ -260,7 +441,7 @@ DIRECTIONS = 2  # random directions per input: a wrong entry escapes both with p
 
 
 def _finite_differences(student: probe.StudentProxy, spec: FunctionSpec, args: tuple, names: list[str],
-                        generator: torch.Generator, eps: float = 1e-6) -> None:
+                        generator: torch.Generator, eps: float = 1e-6, *, rounded: bool = False) -> None:
     """gradcheck for code that runs elsewhere: central differences of the student's own
     forward values, computed here, against the student's vector-Jacobian products.
 
@@ -282,7 +463,67 @@ def _finite_differences(student: probe.StudentProxy, spec: FunctionSpec, args: t
     for (i, u), (plus, minus) in zip(moves, forwards):
         numeric = _slope(plus, minus, vs, eps)
         if not _close(numeric, float((grads[i] * u).sum())):
-            _locate(student, spec, plain, i, grads[i], vs, names, args, eps)
+            _locate(student, spec, plain, i, grads[i], vs, names, args, eps, rounded)
+
+
+def _second_finite_differences(student: probe.StudentProxy, spec: FunctionSpec, args: tuple, names: list[str],
+                               generator: torch.Generator, eps: float = 1e-6) -> None:
+    """gradgradcheck for code that runs elsewhere: along a random direction u of each input,
+    central differences of the student's own vector-Jacobian product <vjp(x; v), w> must
+    equal <d/dx, u> of the student's double backward; and since a vjp is linear in v, its
+    derivative along a direction dv of grad_output is <vjp(x; dv), w>."""
+    __tracebackhide__ = True
+    slots = [i for i, a in enumerate(args) if probe.differentiable(a)]
+    plain = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
+    labels = _labels(names, len(args))
+
+    def with_grad(values: list) -> tuple:
+        return tuple(v.detach().clone().requires_grad_() if i in slots else v for i, v in enumerate(values))
+
+    outs = probe.forward_many(student, [tuple(plain)])[0]
+    if isinstance(outs, probe.ProbeError):
+        _fail_error(spec, outs, names, _describe(args, names))
+    vs = [torch.randn(o.shape, generator=generator, dtype=o.dtype) for o in outs if o.is_floating_point()]
+    ws = [torch.randn(plain[i].shape, generator=generator, dtype=plain[i].dtype) for i in slots]
+    base = probe.run(student, with_grad(plain), [vs], ws)
+    if base.error or base.grads2 is None:
+        return  # the comparison with the reference has said what is wrong
+
+    def pairing(grads: list) -> float:
+        return sum(float((g.cpu() * w).sum()) for g, w in zip(grads, ws) if g is not None)
+
+    def disagree(target: str) -> None:
+        __tracebackhide__ = True
+        fail(
+            f"{spec.name}: double backward disagrees with finite differences of your own backward "
+            f"(with respect to {target}, along a random direction).",
+            *_describe(args, names),
+            cause="the backward's own derivative is off: double backward must be the derivative of backward.",
+        )
+
+    for n, i in enumerate(slots):
+        u = torch.randn(plain[i].shape, generator=generator, dtype=plain[i].dtype)
+        sides = []
+        for sign in (1, -1):
+            moved = list(plain)
+            moved[i] = plain[i] + sign * eps * u
+            sides.append(probe.run(student, with_grad(moved), [vs]))
+        if any(side.error for side in sides):
+            return
+        numeric = (pairing(sides[0].grads[0]) - pairing(sides[1].grads[0])) / (2 * eps)
+        second = base.grads2[n]
+        analytical = 0.0 if second is None else float((second.cpu() * u).sum())
+        if not _close(numeric, analytical):
+            disagree(f"`{labels[i]}`")
+    dvs = [torch.randn(v.shape, generator=generator, dtype=v.dtype) for v in vs]
+    along = probe.run(student, with_grad(plain), [dvs])
+    if along.error:
+        return
+    numeric = pairing(along.grads[0])
+    analytical = sum(0.0 if g is None else float((g.cpu() * dv).sum())
+                     for g, dv in zip(base.grads2[len(slots):], dvs))
+    if not _close(numeric, analytical):
+        disagree("grad_output")
 
 
 def _forwards(student, spec, plain: list, steps: list[tuple[int, torch.Tensor]], names, args) -> list[tuple[list, list]]:
@@ -307,7 +548,7 @@ def _close(numeric: float, analytical: float) -> bool:
 
 
 def _locate(student, spec: FunctionSpec, plain: list, i: int, grad: torch.Tensor, vs: list, names: list[str],
-            args: tuple, eps: float) -> None:
+            args: tuple, eps: float, rounded: bool = False) -> None:
     """Fail naming the first entry of input `i` whose gradient disagrees."""
     __tracebackhide__ = True
     steps = []
@@ -315,7 +556,7 @@ def _locate(student, spec: FunctionSpec, plain: list, i: int, grad: torch.Tensor
         step = torch.zeros_like(plain[i])
         step.view(-1)[j] = eps
         steps.append((i, step))
-    name = names[i] if i < len(names) else f"input {i}"
+    name = _labels(names, len(plain))[i]
     for j, (plus, minus) in enumerate(_forwards(student, spec, plain, steps, names, args)):
         numeric, analytical = _slope(plus, minus, vs, eps), float(grad.view(-1)[j])
         if not _close(numeric, analytical):
@@ -327,7 +568,7 @@ def _locate(student, spec: FunctionSpec, plain: list, i: int, grad: torch.Tensor
         f"{spec.name}: backward disagrees with finite differences of your own forward "
         f"(gradient for `{name}`, {where}).",
         *_describe(args, names), *values,
-        cause="backward must be the derivative of forward, linear in grad_output.",
+        cause=ROUNDED if rounded else "backward must be the derivative of forward, linear in grad_output.",
     )
 
 
@@ -351,14 +592,17 @@ def _no_autograd_in_backward(student: Any, spec: FunctionSpec, args: tuple, name
         )
 
 
-def _meta(student: Any, args: tuple, names: list[str]) -> str:
-    """Run on the meta device: a tensor hard-coded on the CPU shows up without a GPU."""
+def _meta(student: Any, cases: Sequence[tuple], names: list[str]) -> str:
+    """Run every case on the meta device: a tensor hard-coded on the CPU shows up without a
+    GPU. (A 0-d CPU tensor mixes with tensors of any device, so one case is not enough.)"""
     __tracebackhide__ = True
-    meta_args = devices.prepare(args, "meta")
-    error = probe.meta(student, meta_args)
-    if error is None:
-        return "meta device: no tensor is tied to the CPU."
-    if "expected device" in error.message or "is not on the expected device" in error.message:
-        what, cause = explain.error(error.stage, error.type, error.message, names)
-        fail(f"on another device (meta) {what}.", *_describe(meta_args, names), cause=cause)
-    return f"meta device: not checked ({error.type} from an operation meta tensors do not support)."
+    for args in cases:
+        meta_args = devices.prepare(args, "meta")
+        error = probe.meta(student, meta_args)
+        if error is None:
+            continue
+        if "expected device" in error.message or "is not on the expected device" in error.message:
+            what, cause = explain.error(error.stage, error.type, error.message, _labels(names, len(args)))
+            fail(f"on another device (meta) {what}.", *_describe(meta_args, names), cause=cause)
+        return f"meta device: not checked ({error.type} from an operation meta tensors do not support)."
+    return "meta device: forward and backward create no tensor tied to the CPU."

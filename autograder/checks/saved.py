@@ -45,10 +45,10 @@ REASONS = {
 @dataclass(frozen=True)
 class SaveRule:
     """What a Function must save: exactly the tensors in `expected` (roles such as
-    "output 0" or "input 1", in any order), and nothing on ctx."""
+    "output 0" or "input 1", in any order; None: whatever it likes), and nothing on ctx."""
 
     name: str
-    expected: tuple[str, ...]
+    expected: tuple[str, ...] | None
     fix: str  # what to do instead, e.g. "save the output instead: σ'(x) = y·(1 − y)"
     names: Names = Names()
     reasons: Mapping[str, str] = field(default_factory=dict)  # kind -> why it is wrong here
@@ -83,6 +83,7 @@ def observe(fn: Any, args: Sequence[Any], *, copy: bool = False) -> tuple[Record
             outputs=_tensor_list(found["outputs"]),
             saved=[_saved(s) for s in found["saved"]],
             stashed={str(path): _saved(s) for path, s in found["stashed"].items()},
+            function=found.get("function") is True,
         )
         backward = data["backward"]
         modified = [i for i in backward["modified"] if isinstance(i, int) and 0 <= i < len(recording.saved)]
@@ -129,6 +130,9 @@ def check_saved(student: Any, rule: SaveRule, args: tuple, *, copy: bool = False
             cause=STASHED.format(cycle=CYCLE if s.kind == "output" and s.graph else ""),
         )
     got = Counter(s.role for s in recording.saved)
+    if rule.expected is None:
+        check_backward_left_alone(rule.name, recording, backward, names)
+        return recording
     unexpected = got - Counter(rule.expected)
     for s in recording.saved:
         if s.role in unexpected:
@@ -140,11 +144,11 @@ def check_saved(student: Any, rule: SaveRule, args: tuple, *, copy: bool = False
     if missing:
         role = next(iter(missing))
         fail(f"{rule.name} does not save {_owner(role, names, len(recording.outputs))}: {rule.fix}.", listing)
-    _check_backward_left_alone(rule.name, recording, backward, names)
+    check_backward_left_alone(rule.name, recording, backward, names)
     return recording
 
 
-def _check_backward_left_alone(name: str, recording: Recording, backward: Backward, names: Names) -> None:
+def check_backward_left_alone(name: str, recording: Recording, backward: Backward, names: Names) -> None:
     """The backward run after the call changed neither a saved tensor nor grad_output."""
     __tracebackhide__ = True
     if backward.error is not None:

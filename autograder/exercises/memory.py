@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ..checks import explain, inputs
 from ..checks.functions import FunctionSpec, check_function
-from ..checks.saved import STASHED, _check_backward_left_alone, observe
+from ..checks.saved import STASHED, check_backward_left_alone, observe
 from ..student import devices, introspect, memory, probe
 from ..student.report import fail, note, passed, quiet, show
 from ..student.saved import Names, Recording, Saved, describe
@@ -105,7 +105,7 @@ def judge_budget(student: Any, budget: Budget, args: tuple) -> Recording:
     if backward.error is not None and budget.backward_cause(backward.error.message):
         what, _ = explain.error("backward", backward.error.type, backward.error.message, list(names.args))
         fail(f"{budget.name}: {what}.", *context, cause=budget.backward_cause(backward.error.message))
-    _check_backward_left_alone(budget.name, recording, backward, names)
+    check_backward_left_alone(budget.name, recording, backward, names)
     return recording
 
 

@@ -50,6 +50,8 @@ class Probe:
     grads2: list[torch.Tensor | None] | None = None
     # Positions of tensor arguments whose values forward changed in place.
     modified: list[int] = field(default_factory=list)
+    # Indices k of the grad_outputs sets whose tensors backward changed in place.
+    modified_grad_outputs: list[int] = field(default_factory=list)
     error: ProbeError | None = None
 
     @staticmethod
@@ -60,6 +62,7 @@ class Probe:
                 grads=[_tensors(g, optional=True) for g in data["grads"]],
                 grads2=None if data["grads2"] is None else _tensors(data["grads2"], optional=True),
                 modified=[i for i in data["modified"] if isinstance(i, int)],
+                modified_grad_outputs=[k for k in data["modified_grad_outputs"] if isinstance(k, int)],
                 error=ProbeError.from_data(data["error"]),
             )
         except (KeyError, TypeError) as bad:
@@ -196,14 +199,34 @@ def argument_names(fn: Any) -> list[str]:
 
 @procedure
 def _argument_names(fn: Any) -> list[str]:
-    target = fn.forward if isinstance(fn, type) and issubclass(fn, torch.autograd.Function) else fn
+    target = _signature_target(fn)
     try:
-        params = list(inspect.signature(target).parameters)
+        params = inspect.signature(target).parameters.values()
     except (TypeError, ValueError):
         return []
-    if params and params[0] == "ctx" and target is not fn:
-        params = params[1:]
-    return params
+    # *args and **kwargs name no single argument: positions from there on are "input k".
+    names = []
+    for p in params:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            break
+        names.append(p.name)
+    if names and names[0] == "ctx" and target is not fn:
+        names = names[1:]
+    return names
+
+
+def _signature_target(fn: Any) -> Any:
+    """What to read a student object's arguments from: a Function's forward, an
+    nn.Module instance's forward, a custom op's own function, or `fn` itself (a class:
+    its constructor's)."""
+    if isinstance(fn, type) and issubclass(fn, torch.autograd.Function):
+        return fn.forward
+    if isinstance(fn, torch.nn.Module):
+        return fn.forward
+    init = getattr(fn, "_init_fn", None)  # torch.library.custom_op's CustomOpDef
+    if callable(init) and type(fn).__name__ == "CustomOpDef":
+        return init
+    return fn
 
 
 def differentiable(t: Any) -> bool:
@@ -218,21 +241,49 @@ def outputs_of(result: Any) -> list[torch.Tensor]:
 def run(
     fn: Any,
     args: Sequence[Any],
-    grad_outputs: Sequence[Sequence[torch.Tensor]],
+    grad_outputs: Sequence[Sequence[torch.Tensor | None]],
     grad_grads: Sequence[torch.Tensor] | None = None,
+    layouts: Sequence[str] | None = None,
 ) -> Probe:
     """Call `fn(*args)`, then backward once per set of grad_outputs, then double backward.
 
     Floating-point tensor arguments are differentiated (they must require grad);
-    `grad_outputs[k]` has one tensor per floating-point output. When `grad_grads` is
-    given, the first backward builds a graph and is differentiated again with it.
+    `grad_outputs[k]` has one tensor per floating-point output, or None for an output
+    that backward leaves out (its gradient then reaches the Function as zeros, or as None
+    with `ctx.set_materialize_grads(False)`). When `grad_grads` is given, the first
+    backward builds a graph and is differentiated again with it. `layouts[k]` lays the
+    tensors of set k out in memory as autograd may hand them to a backward: "plain",
+    "strided" (not contiguous) or "expanded" (one value in memory, seen at every position:
+    as `y.sum().backward()` gives; only for sets whose tensors are constant). Backward
+    must work with each, and leave them unchanged (`Probe.modified_grad_outputs`).
     """
     grad_outputs = [list(vs) for vs in grad_outputs]
-    return Probe.from_data(invoke(_run, fn, tuple(args), grad_outputs, grad_grads))
+    layouts = list(layouts) if layouts is not None else None
+    return Probe.from_data(invoke(_run, fn, tuple(args), grad_outputs, grad_grads, layouts))
+
+
+LAYOUTS = ("plain", "strided", "expanded")
+
+
+def laid_out(v: torch.Tensor, layout: str) -> torch.Tensor:
+    """`v`'s values in the memory layout `layout` (see `run`)."""
+    if layout == "strided" and v.device.type != "meta":
+        # Every other element of a buffer, in reversed dim order (as after a transpose):
+        # no `.view` that merges dims works on it.
+        order = list(range(v.dim()))[::-1]
+        base = v.new_empty((*(v.shape[d] for d in order), 2))[..., 0]
+        out = base.permute(*order) if order else base
+        out.copy_(v)
+        return out
+    if layout == "expanded" and v.numel() and v.device.type != "meta":
+        first = v.reshape(-1)[:1].reshape(())
+        if bool((v == first).all()):
+            return first.clone().expand(v.shape)
+    return v
 
 
 @procedure
-def _run(fn: Any, args: tuple, grad_outputs: list, grad_grads: list | None) -> dict:
+def _run(fn: Any, args: tuple, grad_outputs: list, grad_grads: list | None, layouts: list | None = None) -> dict:
     call = as_callable(fn)
     probe = Probe()
     wrt = [a for a in args if differentiable(a) and a.requires_grad]
@@ -242,20 +293,31 @@ def _run(fn: Any, args: tuple, grad_outputs: list, grad_grads: list | None) -> d
         result = call(*args)
         probe.modified = [i for i, b in before.items() if not _same(args[i], b)]
         probe.outputs = [t.detach() for t in outputs_of(result)]
-        diff_outputs = [t for t in outputs_of(result) if differentiable(t) and t.requires_grad]
+        # grad_outputs[k][j] belongs to the j-th floating-point output; those that do not
+        # require grad (no input they depend on does) are left out.
+        floating = [t for t in outputs_of(result) if differentiable(t)]
         for k, vs in enumerate(grad_outputs):
             stage = "backward"
             second = grad_grads is not None and k == 0
+            layout = layouts[k] if layouts is not None and k < len(layouts) else "plain"
+            pairs = [(o, laid_out(v, layout if layout in LAYOUTS else "plain"))
+                     for o, v in zip(floating, vs) if v is not None and o.requires_grad]
             if second:  # the double backward also differentiates with respect to grad_output
-                vs = [v.detach().requires_grad_() for v in vs]
+                pairs = [(o, v.detach().requires_grad_()) for o, v in pairs]
+            given = [v.detach().clone() for _, v in pairs]
+            if not pairs:  # nothing flows back: no gradient at all
+                probe.grads.append([None] * len(wrt))
+                continue
             grads = torch.autograd.grad(
-                diff_outputs, wrt, list(vs)[: len(diff_outputs)],
+                [o for o, _ in pairs], wrt, [v for _, v in pairs],
                 allow_unused=True, create_graph=second, retain_graph=True,
             )
+            if not all(_same(v, g) for (_, v), g in zip(pairs, given)):
+                probe.modified_grad_outputs.append(k)
             probe.grads.append([None if g is None else g.detach() for g in grads])
             if second:
                 stage = "double backward"
-                probe.grads2 = _second_order(grads, grad_grads, [*wrt, *vs])
+                probe.grads2 = _second_order(grads, grad_grads, [*wrt, *(v for _, v in pairs)])
     except Exception as exc:  # the student's code may raise anything
         probe.error = ProbeError.of(stage, exc)
     return asdict(probe)
@@ -342,8 +404,18 @@ _REPLACED: list[tuple[dict, dict]] = []  # (namespace, its own values of the rep
 
 
 def _namespace(student: Any) -> dict:
-    """The globals the student's code looks names up in (a Function's: its backward's)."""
-    target = student.backward if isinstance(student, type) and issubclass(student, torch.autograd.Function) else student
+    """The globals the student's code looks names up in: a Function's (its backward's), an
+    nn.Module's (its forward's), a custom op's (its function's), or a function's own."""
+    if isinstance(student, type) and issubclass(student, torch.autograd.Function):
+        target = student.backward
+    elif isinstance(student, type) and issubclass(student, torch.nn.Module):
+        target = student.forward
+    elif isinstance(student, torch.nn.Module):
+        target = type(student).forward
+    elif type(student).__name__ == "CustomOpDef" and callable(getattr(student, "_init_fn", None)):
+        target = student._init_fn
+    else:
+        target = student
     return getattr(inspect.unwrap(target), "__globals__", {})
 
 

@@ -60,6 +60,7 @@ class Recording:
     outputs: list[torch.Tensor]
     saved: list[Saved] = field(default_factory=list)  # in the order they were saved
     stashed: dict[str, Saved] = field(default_factory=dict)  # "y" for ctx.y, "cache[0]", ...
+    function: bool = False  # the outputs' grad_fn is a custom Function's node (its ctx)
 
     @property
     def nbytes(self) -> int:
@@ -90,6 +91,7 @@ def record(fn: Any, *args: Any) -> Recording:
         outputs=outputs,
         saved=[classify(t, args, outputs) for t in packed],
         stashed={path: classify(t, args, outputs) for path, t in _stashed(node)},
+        function=isinstance(node, torch.autograd.function.BackwardCFunction),
     )
 
 
@@ -227,6 +229,7 @@ def recorded(fn: Any, args: tuple, copy: bool) -> dict:
         "outputs": [o.detach() for o in recording.outputs],
         "saved": [snapshot(s) for s in recording.saved],
         "stashed": {path: snapshot(s) for path, s in recording.stashed.items()},
+        "function": recording.function,
     }
     return {"error": None, "recording": found, "backward": _backward(recording)}
 
