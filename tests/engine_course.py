@@ -6,9 +6,12 @@ import copy
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import nbformat
+import psutil
 from nbgrader.api import Gradebook, SourceCell
 
 from autograder import authoring
@@ -56,6 +59,46 @@ def grade(course: Course, *args: str, timeout: int = 600) -> subprocess.Complete
     return subprocess.run(
         [str(command), "grade", *args], cwd=course.root, capture_output=True, text=True, timeout=timeout
     )
+
+
+def watched(course: Course, *args: str, timeout: int = 600) -> tuple[subprocess.CompletedProcess, set[tuple[int, float]]]:
+    """`grade(course, *args)`, and every process it started (pid, start time), seen while it ran."""
+    command = Path(sys.executable).with_name("autograder")
+    grader = subprocess.Popen([str(command), "grade", *args], cwd=course.root, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    seen: set[tuple[int, float]] = set()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.05):
+            try:
+                seen.update((p.pid, p.create_time()) for p in psutil.Process(grader.pid).children(recursive=True))
+            except psutil.Error:
+                pass
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    out, err = grader.communicate(timeout=timeout)
+    done.set()
+    watcher.join()
+    return subprocess.CompletedProcess(grader.args, grader.returncode, out, err), seen
+
+
+def survivors(started: set[tuple[int, float]], patience: float = 10.0) -> list[str]:
+    """Those of `started` still alive after `patience` seconds (a sandbox dies a moment after its grader)."""
+    deadline = time.monotonic() + patience
+    while True:
+        alive = []
+        for pid, created in started:
+            try:
+                process = psutil.Process(pid)
+                if process.create_time() == created:
+                    alive.append(" ".join(process.cmdline()) or str(pid))
+            except psutil.Error:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
 
 
 def rows(course: Course, exclude: set[str] = frozenset()) -> dict:

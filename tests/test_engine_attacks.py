@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_course import flagged, grade, notebook, rows, solutions, submit_notebook, with_answers
+from engine_course import flagged, grade, notebook, rows, solutions, submit_notebook, survivors, watched, with_answers
 from grading import Course
 
 pytestmark = pytest.mark.slow
@@ -142,13 +142,13 @@ def attacked(tmp_path_factory):
 
     started = time.monotonic()
     students = [arg for s in [*attackers, "z_victim"] for arg in ("--student", s)]
-    result = grade(course, SLUG, *students, "--jobs", "1", "--timeout", str(TIMEOUT), "--memory", "1024")
+    result, processes = watched(course, SLUG, *students, "--jobs", "1", "--timeout", str(TIMEOUT), "--memory", "1024")
     elapsed = time.monotonic() - started
     output = result.stdout + result.stderr
     assert "NO SANDBOX" not in output and "ISOLATION IS REDUCED" not in output, \
         f"graded without the sandbox these tests are about:\n{output}"
     received = _received(tcp, udp)
-    return course, before, result, elapsed, received, marker
+    return course, before, result, elapsed, received, marker, processes
 
 
 def _received(tcp: socket.socket, udp: socket.socket) -> list[str]:
@@ -180,7 +180,7 @@ def _scores(course: Course, student: str) -> dict[str, float]:
 
 
 def test_grading_completes_and_everyone_else_is_untouched(attacked):
-    course, before, result, _, _, _ = attacked
+    course, before, result, *_ = attacked
     assert result.returncode == 0, result.stderr
     after = rows(course, exclude={s for s in _students(course) if s.startswith(("a_", "z_"))})
     assert after == before
@@ -207,7 +207,7 @@ def test_fork_bomb_hits_the_process_limit(attacked):
 
 @pytest.mark.parametrize("student", ["a_sigint_ignoring_loop", f"a_{BACKWARD_LOOP}"])
 def test_endless_loops_are_killed_at_the_time_limit_and_flagged(attacked, student):
-    course, _, result, elapsed, _, _ = attacked
+    course, _, result, elapsed, *_ = attacked
     text = notebook(course, "autograded", student, SLUG).cells[0].source
     assert "time limit" in text and "Flagged" in text
     is_flagged, needs_manual = flagged(course, SLUG, student)
@@ -225,7 +225,7 @@ def test_huge_output_is_cut(attacked):
 
 
 def test_no_network(attacked):
-    course, _, _, _, received, _ = attacked
+    course, _, _, _, received, *_ = attacked
     text = _outputs(course, "a_network")
     assert "tcp blocked" in text  # a datagram may leave the socket, but it never reaches this machine:
     assert received == []
@@ -238,7 +238,7 @@ def test_course_files_cannot_be_read(attacked):
 
 
 def test_nothing_is_written_outside_scratch(attacked):
-    course, _, _, _, _, marker = attacked
+    course, _, _, _, _, marker, _ = attacked
     text = _outputs(course, "a_write_outside")
     assert "WROTE" not in text and text.count("denied") == 7
     assert not marker.exists() and not (course.root / "PWNED").exists() and not (course.root / "solutions" / "PWNED").exists()
@@ -265,32 +265,10 @@ def test_next_student_finds_nothing_left_behind(attacked):
 
 
 def test_no_process_outlives_grading(attacked):
-    """Every sandbox or worker process still alive belongs to a grading still running
-    (another test's): none was orphaned by this one. A process may outlive its grader by
-    a moment (another test's grading that just ended, its sandbox dying with it): only
-    one still there seconds later is orphaned."""
-    for _ in range(20):
-        orphans = _orphans()
-        if not orphans:
-            return
-        time.sleep(0.5)
-    assert not orphans
-
-
-def _orphans() -> list[str]:
-    table = subprocess.run(["ps", "-eo", "pid=,ppid=,uid=,args="], capture_output=True, text=True).stdout
-    processes = {int(pid): (int(ppid), uid, args) for pid, ppid, uid, args in (line.split(None, 3) for line in table.splitlines())}
-
-    def graded_by_someone(pid: int) -> bool:
-        while pid in processes and pid > 1:
-            pid, _, args = processes[pid]
-            if "autograder grade" in args:
-                return True
-        return False
-
-    return [args for pid, (_, uid, args) in processes.items()
-            if (uid.startswith("655") or "autograder.engine.zygote" in args or args.startswith("bwrap"))
-            and not graded_by_someone(pid)]
+    """Every process the grading started — workers, sandboxes, notebooks and what they
+    forked — is gone once it has ended."""
+    assert attacked[-1], "no process of the grading was seen"
+    assert not survivors(attacked[-1])
 
 
 REASONS = {  # what the flag of each attacker says

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from ..checks import remote
 from ..runner.protocol import Channel, ProtocolError
@@ -41,13 +41,17 @@ class Conversation:
         self.probe_cpu = 0.0  # CPU seconds the process says it spent answering (for statistics only)
         self.lost: Exception | None = None
 
-    def execute(self, code: str, count: int, timeout: float) -> dict:
-        """Run one of the notebook's cells; its reply (outputs, execution count, CPU)."""
-        reply, _ = self._request({"op": "execute", "code": code, "count": count}, [], "executed", timeout)
-        outputs = reply.get("outputs")
-        if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
-            raise Tampering("an execution reply that is not a list of outputs")
-        return reply
+    def execute(self, cells: list[tuple[str, int]], deadline: Callable[[], float]) -> Iterator[dict]:
+        """Run a run of the notebook's own cells, (source, execution count) each, one after the
+        other; yields each one's reply (outputs, execution count, CPU) as it comes, within the
+        time `deadline()` says is left then."""
+        request_id = self._send({"op": "execute", "cells": [{"code": code, "count": count} for code, count in cells]}, [])
+        for _ in cells:
+            reply, _ = self._reply(request_id, "executed", deadline())
+            outputs = reply.get("outputs")
+            if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
+                raise Tampering("an execution reply that is not a list of outputs")
+            yield reply
 
     def judge(self, judge: Judge, index: int, changed: list[str]) -> Verdict:
         """Judge test cell `index` here: put back what the notebook changed in the modules the
@@ -82,11 +86,18 @@ class Conversation:
             self.answers += self.channel.received - received
 
     def _request(self, message: dict, buffers: list[bytes], expected: str, timeout: float) -> tuple[dict, list[bytes]]:
-        """Send `message` under a new id; the reply of kind `expected` under the same id.
-        Questions asked meanwhile (probes only) are answered on the way."""
-        deadline = time.monotonic() + timeout
+        """Send `message` under a new id; the reply of kind `expected` under the same id."""
+        return self._reply(self._send(message, buffers), expected, timeout)
+
+    def _send(self, message: dict, buffers: list[bytes]) -> str:
         request_id = secrets.token_hex(8)
         self.channel.send({**message, "id": request_id}, buffers)
+        return request_id
+
+    def _reply(self, request_id: str, expected: str, timeout: float) -> tuple[dict, list[bytes]]:
+        """The next reply to `request_id`, of kind `expected`. Questions asked meanwhile
+        (probes only) are answered on the way."""
+        deadline = time.monotonic() + timeout
         for _ in range(QUESTIONS):
             reply, reply_buffers, _ = self.channel.receive(timeout=max(deadline - time.monotonic(), 0.001))
             if reply.get("id") != request_id:

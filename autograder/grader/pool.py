@@ -9,6 +9,7 @@ reported as the failure of that one notebook.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import queue
@@ -131,22 +132,33 @@ class Worker:
             if hello.get("op") != "ready":
                 raise SetupError(str(hello.get("message", hello)).strip().splitlines()[-1])
             conversation = Conversation(channel, limits.timeout)
-            spent = time.monotonic() - started  # the notebook's time: starting and running its cells, not judging
-            for count, (index, label, source) in enumerate(program.cells, start=1):
-                if program.judge is not None and program.judge.judges(index):
-                    where = f"while the grader ran {label}"
-                    self._judge(conversation, program.judge, index, count, run)
+            # The notebook's time: starting and running its cells, not judging.
+            spent = time.monotonic() - started
+            def judged(item: tuple) -> bool:
+                return program.judge is not None and program.judge.judges(item[1][0])
+
+            # Test cells run here, one by one; each run of the notebook's own cells between
+            # them goes to the child in one request, and comes back a reply per cell.
+            for tests, group in itertools.groupby(enumerate(program.cells, start=1), key=judged):
+                group = list(group)
+                if tests:
+                    for count, (index, label, _) in group:
+                        where = f"while the grader ran {label}"
+                        self._judge(conversation, program.judge, index, count, run)
                     continue
-                where = f"while running {label}"
                 sent = time.monotonic()
-                reply = conversation.execute(source, count, max(limits.timeout - spent, 0.001))
-                spent += time.monotonic() - sent
-                if channel.received - conversation.answers > ESCAPED * limits.output + REPLY_SLACK:
-                    raise ProtocolError(f"more than {limits.output} bytes of output")
-                cpu = reply.get("cpu")
-                run.cells[index] = Cell(
-                    reply["outputs"], count, time.monotonic() - sent, float(cpu) if isinstance(cpu, (int, float)) else 0.0,
-                )
+                replies = conversation.execute([(source, count) for count, (_, _, source) in group],
+                                               lambda: max(limits.timeout - spent - (time.monotonic() - sent), 0.001))
+                for count, (index, label, _) in group:
+                    where = f"while running {label}"
+                    reply = next(replies)
+                    if channel.received - conversation.answers > ESCAPED * limits.output + REPLY_SLACK:
+                        raise ProtocolError(f"more than {limits.output} bytes of output")
+                    cpu = reply.get("cpu")
+                    run.cells[index] = Cell(reply["outputs"], count, time.monotonic() - sent,
+                                            float(cpu) if isinstance(cpu, (int, float)) else 0.0)
+                    spent += time.monotonic() - sent
+                    sent = time.monotonic()
             channel.send({"op": "exit"})
         except SetupError as error:
             run.failure, ended = f"the notebook could not be confined, so it was not run: {error}", True
@@ -235,7 +247,10 @@ class Pool:
     `result` returns the next finished one, in completion order.
     """
 
-    def __init__(self, jobs: int, isolation: sandbox.Isolation, course_root: Path, limits: Limits) -> None:
+    def __init__(self, jobs: int, isolation: sandbox.Isolation, course_root: Path, limits: Limits,
+                 slots: list[int] | None = None) -> None:
+        """`slots`: the workers' numbers (their notebooks' user ids), 0 to jobs - 1 unless
+        given (several pools on one machine, as Dask workers: cluster.py)."""
         self.limits = limits
         self.runtime = sandbox.runtime_directory()
         self.todo: queue.Queue = queue.Queue()
@@ -245,7 +260,7 @@ class Pool:
         for k in range(jobs):
             directory = self.runtime / f"worker-{k}"
             directory.mkdir()
-            worker = Worker(isolation, course_root, directory, k)
+            worker = Worker(isolation, course_root, directory, slots[k] if slots else k)
             worker.start()
             self.workers.append(worker)
             self.threads.append(threading.Thread(target=self._serve, args=(worker,), daemon=True))

@@ -1,10 +1,10 @@
 """A child forked from a warm worker: confine itself, then answer the grader's requests.
 
-Requests arrive one at a time on the child's channel, each with an id that its reply
-repeats: "execute" runs one of the notebook's own cells (never a test cell: those run in
-the grader) and replies with its outputs; "exit" ends the process. The grader sends each
-cell only when the previous one has finished, so code never sees cells that have not run
-yet. At each test cell the grader judges in its own process: "restore" puts back what the
+Requests arrive one at a time on the child's channel, each with an id that its replies
+repeat: "execute" runs a run of the notebook's own cells, one after the other (never a
+test cell: those run in the grader), and replies with each cell's outputs as soon as it
+has run; "exit" ends the process. The grader sends the cells up to the next test cell
+only, so code never sees a test cell before it has been judged. At each test cell the grader judges in its own process: "restore" puts back what the
 notebook changed in the modules the probes rely on (and says what that was), then each
 "probe" asks for numbers from the student's objects (:mod:`autograder.student.serve`);
 while a probe runs, the course's code may put a "question" to the grader
@@ -58,33 +58,35 @@ def main(channel_fd: int, config: WorkerConfig, limits: Limits, files: dict[str,
         os._exit(code)
 
 
-Handler = Callable[[dict, list[bytes]], tuple[dict[str, Any], list[bytes]]]  # (request, buffers) -> reply
+Reply = Callable[[dict[str, Any], list[bytes]], None]  # sends one reply under the request's id
+Handler = Callable[[dict, list[bytes], Reply], None]  # (request, buffers, reply)
 
 
 def serve(channel: Channel, handlers: dict[str, Handler]) -> None:
-    """Answer requests until "exit", each reply under its request's id. Tensors travel as
+    """Answer requests until "exit", every reply under its request's id. Tensors travel as
     raw buffers beside the JSON."""
     while True:
         request, buffers, _ = channel.receive()
         if request.get("op") == "exit":
             return
-        reply, reply_buffers = handlers[request["op"]](request, buffers)
-        channel.send({**reply, "id": request.get("id")}, reply_buffers)
+        handlers[request["op"]](request, buffers, lambda reply, reply_buffers: channel.send(
+            {**reply, "id": request.get("id")}, reply_buffers))
 
 
-def _restore(restore: Callable[[], list[str]], request: dict, buffers: list[bytes]) -> tuple[dict[str, Any], list[bytes]]:
-    return {"op": "restored", "changes": restore()}, []
+def _restore(restore: Callable[[], list[str]], request: dict, buffers: list[bytes], reply: Reply) -> None:
+    reply({"op": "restored", "changes": restore()}, [])
 
 
-def _execute(shell: InteractiveShell, request: dict, buffers: list[bytes]) -> tuple[dict[str, Any], list[bytes]]:
-    started = time.process_time()
-    shell.execution_count = request["count"]  # the grader numbers every code cell, test cells too
-    outputs, count = kernel.execute(shell, request["code"])
-    return {"op": "executed", "outputs": outputs, "execution_count": count, "cpu": time.process_time() - started}, []
+def _execute(shell: InteractiveShell, request: dict, buffers: list[bytes], reply: Reply) -> None:
+    for cell in request["cells"]:
+        started = time.process_time()
+        shell.execution_count = cell["count"]  # the grader numbers every code cell, test cells too
+        outputs, count = kernel.execute(shell, cell["code"])
+        reply({"op": "executed", "outputs": outputs, "execution_count": count, "cpu": time.process_time() - started}, [])
 
 
 def _probe(channel: Channel, shell: InteractiveShell, answer_request: Callable, asking_over: Callable,
-           request: dict, buffers: list[bytes]) -> tuple[dict[str, Any], list[bytes]]:
+           request: dict, buffers: list[bytes], reply: Reply) -> None:
     def ask(question: Any) -> Any:  # while this probe runs, under its id
         structure, question_buffers = wire.encode(question)
         channel.send({"op": "question", "id": request.get("id"), "question": structure}, question_buffers)
@@ -106,4 +108,4 @@ def _probe(channel: Channel, shell: InteractiveShell, answer_request: Callable, 
         answer, answer_buffers = wire.encode({"error": f"the answer has more than {ANSWER_LIMIT >> 20} MiB of tensors",
                                               "type": "ValueError"})
     kernel.RECORDER.take()  # what the student's code printed while probed belongs to no cell
-    return {"op": "answer", "answer": answer, "cpu": time.process_time() - started}, answer_buffers
+    reply({"op": "answer", "answer": answer, "cpu": time.process_time() - started}, answer_buffers)
