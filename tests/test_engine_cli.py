@@ -131,3 +131,16 @@ def test_a_read_only_course_folder(released, tmp_path):
     assert result.returncode == 4, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot write in the course folder" in lines[0]
+
+
+def test_the_estimate_left_is_bounded_by_the_time_limit():
+    """A hanging notebook counts at most until its limit; queued ones at the median so far."""
+    from autograder.grader.progress import Estimate
+
+    estimate = Estimate(total=10, workers=2, limit=60.0)
+    assert estimate.left([5.0]) is None  # nothing finished yet: no basis for an estimate
+    for seconds in (1.0, 1.0, 3.0):
+        estimate.finished(seconds)
+    # 3 done, 2 running (one normal, one hanging for 59 s of its 60), 5 queued at 1 s each
+    assert estimate.left([0.5, 59.0]) == (5 * 1.0 + 0.5 + 1.0) / 2
+    assert estimate.left([0.5, 300.0]) == (5 * 1.0 + 0.5 + 0.0) / 2  # past its limit: it ends now
