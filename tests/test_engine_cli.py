@@ -141,6 +141,8 @@ def test_the_estimate_left_is_bounded_by_the_time_limit():
     assert estimate.left([5.0]) is None  # nothing finished yet: no basis for an estimate
     for seconds in (1.0, 1.0, 3.0):
         estimate.finished(seconds)
-    # 3 done, 2 running (one normal, one hanging for 59 s of its 60), 5 queued at 1 s each
+    # 3 done (median 1 s), 5 queued, 2 running: one half-way, one slow (as long again), one
+    # hanging 59 s of its 60 (1 s left at most), one past its limit (it ends now)
+    assert estimate.left([0.5, 4.0]) == (5 * 1.0 + 0.5 + 4.0) / 2
     assert estimate.left([0.5, 59.0]) == (5 * 1.0 + 0.5 + 1.0) / 2
-    assert estimate.left([0.5, 300.0]) == (5 * 1.0 + 0.5 + 0.0) / 2  # past its limit: it ends now
+    assert estimate.left([0.5, 300.0]) == (5 * 1.0 + 0.5 + 0.0) / 2

@@ -3,8 +3,9 @@ and how long the rest will take.
 
 The estimate is the median time a submission has taken so far, times the submissions not
 started yet, shared by the workers, plus what the running ones have left: the median minus
-what they have run, and never more than their time limit — a hanging notebook ends at its
-limit, so it cannot make the estimate a lie for long.
+what they have run — or, for one slower than that, as long again as it has run — and never
+more than what its time limit leaves: a hanging notebook ends at its limit, so it cannot
+make the estimate a lie for long.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ class Estimate:
             return None
         typical = statistics.median(self.durations)
         queued = self.total - len(self.durations) - len(running)
-        rest = [min(max(typical - age, 0.0), max(self.limit - age, 0.0)) for age in running]
+        rest = [min(typical - age if age < typical else age, max(self.limit - age, 0.0)) for age in running]
         return (max(queued, 0) * typical + sum(rest)) / self.workers
 
 
