@@ -25,8 +25,9 @@ def _fails(check, student, *needles: str, **kwargs) -> str:
 
 # --- Sinh --------------------------------------------------------------------------------
 
-def _sinh(save: str, backward=None, decorate=lambda f: f):
-    """A sinh Function that saves "input", "output" or "intermediates" ("ctx": on ctx)."""
+def _sinh(save: str, backward=None, decorate=lambda f: f, cosh_of_output=lambda y: torch.hypot(torch.ones_like(y), y)):
+    """A sinh Function that saves "input", "output" or "intermediates" ("ctx": on ctx);
+    from the output, cosh is `cosh_of_output(y)`."""
 
     class Sinh(torch.autograd.Function):
         @staticmethod
@@ -50,7 +51,7 @@ def _sinh(save: str, backward=None, decorate=lambda f: f):
             if save == "input":
                 cosh = saved[0].cosh()
             elif save == "output":
-                cosh = (1 + saved[0] ** 2).sqrt()
+                cosh = cosh_of_output(saved[0])
             elif save == "intermediates":
                 cosh = (saved[0] + saved[1]) / 2
             else:
@@ -76,6 +77,41 @@ def test_sinh_rejects_intermediates_that_pass_gradcheck(save):
            "zero (not connected to the graph)", "an intermediate saved in forward")
 
 
+def test_sinh_rejects_cosh_from_the_output_squared_that_overflows():
+    student = _sinh("output", cosh_of_output=lambda y: (1 + y**2).sqrt())
+    x = torch.rand(3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(student.apply, (x,))  # right on ordinary inputs
+    message = _fails(ex.check_sinh, student, "SinhFixed: the gradient (grad_output of ones) is inf at x = 400",
+                     "sinh(x)² overflows once |x| > 355", "`torch.hypot`")
+    assert message.startswith("SinhFixed: the gradient")
+
+
+def test_sinh_rejects_cosh_as_sinh_over_tanh_at_zero():
+    class Sinh(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            y = x.sinh()
+            ctx.save_for_backward(x, y)
+            return y
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            x, y = ctx.saved_tensors
+            return grad_out * y / x.tanh()
+
+    _fails(ex.check_sinh, Sinh, "SinhFixed: the gradient (grad_output of ones) is nan at x = 0, where it is 1.",
+           "0 / 0 at x = 0")
+
+
+def test_sinh_rejects_no_grad_in_backward():
+    def backward(g, c):
+        with torch.no_grad():
+            c = c * 1
+        return g * c
+
+    _fails(ex.check_sinh, _sinh("input", backward=backward), "double backward is wrong", "`torch.no_grad()`")
+
+
 def test_sinh_rejects_once_differentiable():
     _fails(ex.check_sinh, _sinh("input", decorate=once_differentiable),
            "double backward is wrong", "`@once_differentiable`")
@@ -89,6 +125,91 @@ def test_sinh_rejects_a_backward_that_ignores_grad_output():
 def test_sinh_rejects_a_detached_backward():
     _fails(ex.check_sinh, _sinh("input", backward=lambda g, c: g * c.detach()),
            "double backward is wrong", "`.detach()`")
+
+
+# --- SinhWithIntermediates ----------------------------------------------------------------
+
+def _sinh_intermediates(save="outputs", returned=lambda e: e, extra=True, sign=-1, mark=False, materialize=True,
+                        none_aware=False):
+    """The tutorial's Sinh that returns exp(x) and exp(-x) too, or one of its mistakes."""
+
+    class SinhWithIntermediates(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            expx, expnegx = x.exp(), (-x).exp()
+            ctx.set_materialize_grads(materialize)
+            if save == "outputs":
+                ctx.save_for_backward(expx, expnegx)
+            elif save == "copies":
+                ctx.save_for_backward(expx.clone(), expnegx.clone())
+            elif save == "input":
+                ctx.save_for_backward(x)
+            if mark:
+                ctx.mark_non_differentiable(expx, expnegx)
+            return (expx - expnegx) / 2, returned(expx), returned(expnegx)
+
+        @staticmethod
+        def backward(ctx, grad_out, grad_expx, grad_expnegx):
+            if save == "input":
+                (x,) = ctx.saved_tensors
+                expx, expnegx = x.exp(), (-x).exp()
+            else:
+                expx, expnegx = ctx.saved_tensors
+            terms = [(grad_out, (expx + expnegx) / 2)]
+            if extra:
+                terms += [(grad_expx, expx), (grad_expnegx, sign * expnegx)]
+            found = [g * d for g, d in terms if not (none_aware and g is None)]
+            return sum(found[1:], found[0]) if found else None
+
+    return SinhWithIntermediates
+
+
+def test_sinh_intermediates_accepts_the_tutorials_fix(capsys):
+    ex.check_sinh_intermediates(_sinh_intermediates())
+    ex.check_sinh_intermediates(_sinh_intermediates(materialize=False, none_aware=True), shapes=[(), (1, 4)], seed=None)
+    out = capsys.readouterr().out
+    assert out.count("✔ SinhWithIntermediates returns three tensors (out, expx, expnegx), each with a grad_fn.") == 2
+    assert "✔ SinhWithIntermediates saves exactly expx and expnegx, its outputs" in out
+    assert "SinhWithIntermediates: forward, backward and double backward agree" in out
+
+
+def test_sinh_intermediates_without_the_extra_terms_passes_gradcheck_of_out_alone():
+    student = _sinh_intermediates(extra=False)
+    x = torch.rand(3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: student.apply(t)[0], (x,))  # the trap
+    _fails(ex.check_sinh_intermediates, student, "SinhWithIntermediates: wrong gradient for `x`.",
+           "backward receives one gradient per output", "d exp(-x)/dx = -exp(-x)")
+
+
+def test_sinh_intermediates_with_the_wrong_sign():
+    _fails(ex.check_sinh_intermediates, _sinh_intermediates(sign=1), "wrong gradient for `x`", "-exp(-x)")
+
+
+def test_sinh_intermediates_saving_copies():
+    _fails(ex.check_sinh_intermediates, _sinh_intermediates(save="copies"),
+           "SinhWithIntermediates saved the intermediate exp(x) of shape (5,)",
+           "a copy (`expx.clone()`) or a second `torch.exp(x)` breaks the double backward again")
+
+
+def test_sinh_intermediates_saving_the_input():
+    _fails(ex.check_sinh_intermediates, _sinh_intermediates(save="input"),
+           "SinhWithIntermediates saved the input `x`", "exercise 7.1's way")
+
+
+def test_sinh_intermediates_returning_detached_outputs():
+    _fails(ex.check_sinh_intermediates, _sinh_intermediates(returned=lambda e: e.detach()),
+           "double backward is wrong", "with respect to `x`", "`.detach()`")
+
+
+def test_sinh_intermediates_marking_the_extra_outputs():
+    _fails(ex.check_sinh_intermediates, _sinh_intermediates(mark=True),
+           "SinhWithIntermediates: `expx` is not connected to autograd (no grad_fn).",
+           "Do not pass them to ctx.mark_non_differentiable")
+
+
+def test_sinh_intermediates_without_materialized_grads_and_no_none_check():
+    _fails(ex.check_sinh_intermediates, _sinh_intermediates(materialize=False),
+           "TypeError", "after `ctx.set_materialize_grads(False)`")
 
 
 # --- CubeBackward --------------------------------------------------------------------------
@@ -151,7 +272,7 @@ def test_hvp_accepts_the_double_backward_and_torch_functional(capsys):
     ex.check_hvp(_hvp)
     ex.check_hvp(_hvp, shapes=[(3,), (2, 3)], seed=None)
     ex.check_hvp(lambda f, x, v: torch.autograd.functional.hvp(f, x, v)[1], x_requires_grad=True)
-    assert "hvp: H v agrees with the full Hessian for 4 function(s)" in capsys.readouterr().out
+    assert "hvp: H v agrees with the full Hessian for 8 function(s)" in capsys.readouterr().out
 
 
 def test_hvp_without_create_graph_is_told_to_use_it():
@@ -228,6 +349,17 @@ def test_hvp_with_torch_func_is_told_why_it_fails_on_classic_functions():
            "setup_context", "torch.func cannot transform")
 
 
+def test_hvp_with_a_dot_product_fails_on_a_matrix_x():
+    def hvp(f, x, v):
+        x = x.detach().requires_grad_()
+        (g,) = torch.autograd.grad(f(x), x, create_graph=True)
+        return torch.autograd.grad(g @ v, x)[0]
+
+    ex.check_hvp(hvp, shapes=[(5,)])  # right for vectors
+    _fails(ex.check_hvp, hvp, "x = tensor([[", "is the dot product only when x is a vector",
+           "grad_outputs=v")
+
+
 def test_hvp_not_implemented():
     def hvp(f, x, v):
         raise NotImplementedError()
@@ -279,9 +411,16 @@ def _message(check, student, **kwargs) -> str | None:
     (ex.check_hvp, lambda f, x, v: torch.func.jvp(torch.func.grad(f), (x,), (v,))[1], {}, False),
     (ex.check_sinh, _sinh("output"), {}, True),
     (ex.check_sinh, _sinh("intermediates"), {}, False),
+    (ex.check_sinh, _sinh("output", cosh_of_output=lambda y: (1 + y**2).sqrt()), {}, False),
+    (ex.check_sinh_intermediates, _sinh_intermediates(), {}, True),
+    (ex.check_sinh_intermediates, _sinh_intermediates(extra=False), {}, False),
+    (ex.check_sinh_intermediates, _sinh_intermediates(save="copies"), {}, False),
+    (ex.check_sinh_intermediates, _sinh_intermediates(mark=True), {}, False),
     (ex.check_cube_backward, _cube_backward(lambda g, go, x: _right(g, go, x)[::-1]), {}, False),
 ], ids=["hvp", "hvp-matrix-x-requires-grad", "vhp", "hvp-changes-x", "hvp-no-create-graph", "hvp-ones",
-        "hvp-hessian", "hvp-shape", "hvp-none", "hvp-torch-func", "sinh", "sinh-intermediates", "cube-order"])
+        "hvp-hessian", "hvp-shape", "hvp-none", "hvp-torch-func", "sinh", "sinh-intermediates", "sinh-overflow",
+        "sinh-returns-intermediates", "sinh-returns-without-extra-terms", "sinh-returns-copies-saved",
+        "sinh-returns-marked", "cube-order"])
 def test_a_check_says_the_same_in_the_grader_as_in_the_kernel(check, student, kwargs, right):
     local = _message(check, student, **kwargs)
     assert (local is None) == right, local
@@ -335,11 +474,32 @@ def _model_answers() -> dict:
     return namespace["graph_answers"]
 
 
+def _busy() -> tuple[graphs.Graph, list]:
+    """The busy graph of the tutorial's SinhWithIntermediates (only `out` used), and the
+    grad_expx its backward received."""
+    received = []
+    base = _sinh_intermediates()
+
+    class SinhWithIntermediates(base):
+        @staticmethod
+        def backward(ctx, grad_out, grad_expx, grad_expnegx):
+            received.append(grad_expx.detach().clone())
+            return base.backward(ctx, grad_out, grad_expx, grad_expnegx)
+
+    x = torch.tensor([0.5, 1.0], dtype=torch.float64, requires_grad=True)
+    out, expx, expnegx = SinhWithIntermediates.apply(x)
+    grad_out = torch.ones_like(out)
+    (grad_x,) = torch.autograd.grad(out, x, grad_out, create_graph=True)
+    names = {"x": x, "expx": expx, "expnegx": expnegx, "grad_out": grad_out}
+    return graphs.draw({"out": out}, {"grad_x": grad_x}, inputs=names), received
+
+
 def test_the_graph_answers_are_what_the_graphs_show():
     key = _model_answers()
     tanh, _ = _drawn(Tanh)
     cube, cube_grad = _drawn(Cube)
     sinh, sinh_grad = _drawn(_sinh("intermediates"))
+    busy, received = _busy()
     backward_pass = [n for n in tanh.nodes if n.backward_pass]
     shown = {
         "a": tanh.saved_by("TanhBackward"),
@@ -350,7 +510,10 @@ def test_the_graph_answers_are_what_the_graphs_show():
         "f": [str(cube.count("AccumulateGrad"))],
         "g": [type(fn).__name__ for fn, _ in cube_grad.grad_fn.next_functions if fn is not None],
         "h": [str(len(sinh.backward_pass()))],
+        "i": sorted({str(int(v)) for g in received for v in g.tolist()}),
+        "j": [str(len(busy.saved_by("SinhWithIntermediatesBackward")))],
     }
+    assert busy.saved_by("SinhWithIntermediatesBackward") == ["expx", "expnegx"]
     assert sinh_grad.grad_fn is None
     assert set(key) == set(ex.GRAPH_QUESTIONS) and set(key.values()) <= set(ex.GRAPH_CHOICES)
     assert {q: [a] for q, a in key.items()} == shown

@@ -55,10 +55,54 @@ def saved_by_with(memory=lambda t: t.untyped_storage().data_ptr(), nbytes=lambda
     return saved_by
 
 
+def kept_alive_with(size=lambda t: t.untyped_storage().nbytes(), once=True, others=True,
+                    memory=lambda t: t.untyped_storage().data_ptr()):
+    """kept_alive, or one of its usual mistakes."""
+    def kept_alive(fn, *args):
+        packed = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+            result = fn.apply(*args)
+        outputs = result if isinstance(result, tuple) else (result,)
+        theirs = {memory(t) for t in (*outputs, *args) if isinstance(t, torch.Tensor)} if others else set()
+        blocks = [(t.untyped_storage().data_ptr(), size(t)) for t in packed if memory(t) not in theirs]
+        return sum(dict(blocks).values()) if once else sum(n for _, n in blocks)
+
+    return kept_alive
+
+
+def check_kept_alive(kept_alive, **kwargs):
+    check_saved_by(saved_by_with(), kept_alive, **kwargs)
+
+
 def test_saved_by_right(capsys):
-    check_saved_by(saved_by_with())
-    check_saved_by(saved_by_with(), shape=(3, 2), seed=None)
-    assert capsys.readouterr().out.count("✔ saved_by: right on 10 Functions") == 2
+    check_saved_by(saved_by_with(), kept_alive_with())
+    check_saved_by(saved_by_with(), kept_alive_with(), shape=(3, 2), seed=None)
+    out = capsys.readouterr().out
+    assert out.count("✔ saved_by: right on 12 Functions") == 2
+    assert out.count("✔ kept_alive: right on the same 12 Functions (a saved row keeps its whole matrix alive") == 2
+
+
+@pytest.mark.parametrize("mistake, call, cause", [
+    (dict(size=lambda t: t.numel() * t.element_size()), "RowOfOuter", "not `t.numel() * t.element_size()`"),
+    (dict(once=False), "SavesTwice", "keep it alive once"),
+    (dict(others=False), "Square", "exists anyway"),
+    (dict(memory=lambda t: t.data_ptr()), "SquareTail", "exists anyway"),
+    (dict(size=lambda t: t.untyped_storage().nbytes() // t.element_size()), "SinhIntermediates", "not elements"),
+], ids=["view's own bytes", "storage twice", "inputs and outputs too", "data_ptr", "elements"])
+def test_kept_alive_mistakes_are_named(mistake, call, cause):
+    message = failure(check_kept_alive, kept_alive_with(**mistake))
+    assert message.startswith(f"kept_alive on `{call}.apply"), message
+    assert cause in message
+
+
+def test_kept_alive_counts_a_saved_row_as_its_whole_matrix():
+    message = failure(check_kept_alive, kept_alive_with(size=lambda t: t.numel() * t.element_size()))
+    assert "is wrong: 32 bytes, expected 128." in message  # a row of 4 keeps the 4 x 4 matrix alive
+
+
+def test_kept_alive_of_the_wrong_form():
+    message = failure(check_kept_alive, lambda fn, *args: [1, 2])
+    assert message.startswith("kept_alive must return a number of bytes (an int)")
 
 
 def test_saved_by_comparing_data_ptr_misses_a_view():
@@ -115,7 +159,27 @@ def test_sigmoid_right(capsys):
     check_sigmoid(sigmoid(), shapes=[(), (2, 3, 4)], seed=None)
     out = capsys.readouterr().out
     assert "✔ Sigmoid saves exactly its output (48 bytes for x of shape (2, 3)), nothing on ctx." in out
-    assert "✔ Sigmoid: forward, backward and double backward agree with the reference on 2 input(s)" in out
+    assert "✔ Sigmoid: values and gradients are finite at x = 0, 800, -800, 40, -40, where the reference's are." in out
+    assert "✔ Sigmoid: forward, backward and double backward agree with the reference on 3 input(s)" in out
+
+
+def sigmoid_by_exp():
+    """exp(x) / (1 + exp(x)), saving its output: right, except where exp(x) overflows."""
+    def forward(ctx, x):
+        e = x.exp()
+        y = e / (1 + e)
+        ctx.save_for_backward(y)
+        return y
+
+    return function("Sigmoid", forward, lambda ctx, g: g * ctx.saved_tensors[0] * (1 - ctx.saved_tensors[0]))
+
+
+def test_sigmoid_overflowing_at_large_x():
+    x = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(sigmoid_by_exp().apply, (x,))  # right on ordinary inputs
+    message = failure(check_sigmoid, sigmoid_by_exp())
+    assert message.startswith("Sigmoid: the output is nan at x = 800, where it is 1.")
+    assert "inf / inf = nan" in message and "torch.sigmoid" in message
 
 
 def test_sigmoid_saving_the_intermediate():
@@ -148,10 +212,14 @@ def test_sigmoid_saving_a_detached_output_fails_double_backward():
 
 # --- Tanh_ ---------------------------------------------------------------------------------
 
-def tanh_(mark=True, in_place=True, save_copy=False, backward_in_place=False):
+def tanh_(mark=True, in_place=True, save_copy=False, backward_in_place=False, by_exp=False, grad_in_place=False):
     def forward(ctx, x):
         copy = x.clone()
-        y = x.tanh_() if in_place else torch.tanh(x)
+        if by_exp:
+            e = torch.exp(2 * x)
+            y = x.copy_((e - 1) / (e + 1))
+        else:
+            y = x.tanh_() if in_place else torch.tanh(x)
         if mark and in_place:
             ctx.mark_dirty(x)
         ctx.save_for_backward(copy if save_copy else y)
@@ -160,6 +228,8 @@ def tanh_(mark=True, in_place=True, save_copy=False, backward_in_place=False):
     def backward(ctx, grad_output):
         (saved,) = ctx.saved_tensors
         y = torch.tanh(saved) if save_copy else saved
+        if grad_in_place:
+            return grad_output.mul_(1 - y * y)
         return grad_output * (1 - y.pow_(2) if backward_in_place else 1 - y * y)
 
     return function("Tanh_", forward, backward)
@@ -169,6 +239,16 @@ def test_tanh_right(capsys):
     check_tanh_(tanh_())
     check_tanh_(tanh_(), shapes=[(), (2, 3, 4)], seed=None)
     assert "✔ Tanh_ modifies its input in place, returns it, and declares it with ctx.mark_dirty." in capsys.readouterr().out
+
+
+def test_tanh_overflowing_at_large_x():
+    message = failure(check_tanh_, tanh_(by_exp=True))
+    assert message.startswith("Tanh_: the output is nan at x = 400, where it is 1.")
+    assert "x.tanh_()" in message
+
+
+def test_tanh_multiplying_grad_output_in_place():
+    assert failure(check_tanh_, tanh_(grad_in_place=True)).startswith("Tanh_: backward modified grad_output in place.")
 
 
 def test_tanh_without_mark_dirty():
@@ -204,7 +284,7 @@ def test_tanh_marking_dirty_but_returning_a_new_tensor():
 
 # --- Sort ----------------------------------------------------------------------------------
 
-def sort(backward_op="scatter", mark="indices", indices_dtype=None):
+def sort(backward_op="scatter", mark="indices", indices_dtype=None, along=None, on_cpu=False):
     def forward(ctx, x, dim):
         values, indices = torch.sort(x, dim)
         ctx.mark_non_differentiable({"indices": indices, "values": values}[mark])
@@ -216,32 +296,46 @@ def sort(backward_op="scatter", mark="indices", indices_dtype=None):
         (indices,) = ctx.saved_tensors
         if backward_op == "gather":
             return grad_values.gather(ctx.dim, indices), None
-        return torch.zeros_like(grad_values).scatter(ctx.dim, indices, grad_values), None
+        zeros = torch.zeros(grad_values.shape, dtype=grad_values.dtype) if on_cpu else torch.zeros_like(grad_values)
+        return zeros.scatter(ctx.dim if along is None else along, indices, grad_values), None
 
     return function("Sort", forward, backward)
 
 
 def test_sort_right(capsys):
     check_sort(sort())
-    check_sort(sort(), shapes=[(2, 3, 4), (5,), (4, 3)], dims=[1, -1, 0], seed=None)
+    check_sort(sort(), shapes=[(2, 3, 4), (5,), (4, 3), (4, 1)], dims=[1, -1, 0, 1], seed=None)
     assert "✔ Sort saves exactly the indices (96 bytes for x of shape (3, 4)), nothing on ctx." in capsys.readouterr().out
 
 
 def test_sort_gathering():
     message = failure(check_sort, sort(backward_op="gather"))
     assert message.startswith("Sort: wrong gradient for `x`.")
-    assert "scatter(dim, indices, grad_values)" in message
+    assert "a scatter at the indices" in message and "a gather" in message
+
+
+@pytest.mark.parametrize("along, shape", [(-1, "(3, 4)"), (0, "(4, 3)")])
+def test_sort_scattering_along_a_fixed_dim_fails_the_visible_check(along, shape):
+    message = failure(check_sort, sort(along=along))
+    assert message.startswith("Sort: wrong gradient for `x`.")
+    assert f"Here x has shape {shape}" in message and "not a fixed one" in message
+
+
+def test_sort_allocating_the_gradient_on_the_cpu():
+    message = failure(check_sort, sort(on_cpu=True))
+    assert message.startswith("on another device (meta) backward mixes devices")
 
 
 def test_sort_with_float_indices():
     assert failure(check_sort, sort(indices_dtype=torch.float64)).startswith(
-        "Sort: the indices have dtype torch.float64, expected torch.int64."
+        "Sort: `indices` has dtype torch.float64, expected torch.int64."
     )
 
 
 def test_sort_marking_the_values():
     message = failure(check_sort, sort(mark="values"))
-    assert message.startswith("Sort: the values are not connected to autograd (no grad_fn).")
+    assert message.startswith("Sort: `values` is not connected to autograd (no grad_fn).")
+    assert "x of shape (6,), dim = 0" in message
     assert "pass them, not the values, to ctx.mark_non_differentiable" in message
 
 
@@ -255,6 +349,12 @@ WRONG = {
     "saved_by compares data_ptr()": (check_saved_by, saved_by_with(memory=lambda t: t.data_ptr())),
     "saved_by without hooks": (check_saved_by, saved_by_with(hooks=False)),
     "saved_by raises": (check_saved_by, lambda fn, *args: fn.nothing),
+    "kept_alive counts a view's own bytes": (
+        check_kept_alive, kept_alive_with(size=lambda t: t.numel() * 8)),
+    "Sigmoid overflows": (check_sigmoid, sigmoid_by_exp()),
+    "Tanh_ overflows": (check_tanh_, tanh_(by_exp=True)),
+    "Tanh_ multiplies grad_output in place": (check_tanh_, tanh_(grad_in_place=True)),
+    "Sort scatters along the last dim": (check_sort, sort(along=-1)),
     "Sigmoid saves exp(-x)": (check_sigmoid, sigmoid(save="exp(-x)")),
     "Sigmoid stashes its output": (check_sigmoid, sigmoid(stash=True)),
     "Sigmoid saves a detached output": (check_sigmoid, sigmoid(save="detached")),
@@ -267,15 +367,24 @@ WRONG = {
 }
 
 
+def gist(message: str) -> tuple[str, list[str]]:
+    """What a failure says, without the random values it shows: the summary and the cause.
+    (A failure in a later case shows other random values through a proxy, whose finite
+    differences draw from the check's generator where gradcheck does not.)"""
+    lines = message.splitlines()
+    return lines[0], [line for line in lines if line.startswith("Likely cause")]
+
+
 @pytest.mark.parametrize("case", sorted(WRONG))
 def test_the_grader_fails_a_wrong_answer_with_the_kernels_message(case):
     check, answer = WRONG[case]
-    assert failure(check, remote(answer)) == failure(check, answer)
+    assert gist(failure(check, remote(answer))) == gist(failure(check, answer))
 
 
 @pytest.mark.parametrize("check, answer", [
-    (check_saved_by, saved_by_with()), (check_sigmoid, sigmoid()), (check_tanh_, tanh_()), (check_sort, sort()),
-], ids=["saved_by", "Sigmoid", "Tanh_", "Sort"])
+    (check_saved_by, saved_by_with()), (check_kept_alive, kept_alive_with()),
+    (check_sigmoid, sigmoid()), (check_tanh_, tanh_()), (check_sort, sort()),
+], ids=["saved_by", "kept_alive", "Sigmoid", "Tanh_", "Sort"])
 def test_the_grader_passes_a_right_answer_with_the_kernels_report(capsys, check, answer):
     check(answer)
     local = capsys.readouterr().out

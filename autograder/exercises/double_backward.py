@@ -8,29 +8,116 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..checks import explain, inputs
-from ..student import devices, double_backward, probe
 from ..checks.functions import FunctionSpec, check_function
+from ..checks.saved import SaveRule, check_saved
+from ..student import devices, double_backward, probe
 from ..student.report import fail, note, passed, quiet, show
+from ..student.saved import Names
+from .save_for_backward import check_finite, check_outputs
 
 
-def _uniform_cases(shapes: Sequence[Sequence[int]]):
+def _uniform_cases(shapes: Sequence[Sequence[int]], *special: torch.Tensor):
+    """One uniform random x per shape, then the `special` points as they are."""
+
     def cases(generator: torch.Generator) -> list[tuple]:
-        return [(inputs.uniform(shape, generator),) for shape in shapes]
+        return [(inputs.uniform(shape, generator),) for shape in shapes] + [(x.clone(),) for x in special]
 
     return cases
 
 
 # --- Sinh with a backward autograd can differentiate ---------------------------------------
 
+# Exactly 0 (where cosh written as sinh(x) / tanh(x) is 0 / 0) and large magnitudes (where
+# sinh(x)² overflows float64 although sinh and cosh are finite, up to |x| = 710).
+SINH_SPECIAL = torch.tensor([0.0, 400.0, -400.0, 20.0, -20.0], dtype=torch.float64)
+SINH_OVERFLOW = (
+    "a step of your formula leaves float64's range (about 1.8e308) or divides 0 by 0, although sinh and "
+    "cosh themselves are finite there: sinh(x)² overflows once |x| > 355, and sinh(x) / tanh(x) is 0 / 0 "
+    "at x = 0. Compute cosh from x itself (`x.cosh()`, or the two exponentials), or from the output with "
+    "a formula that does not square it (`torch.hypot`)."
+)
+
 SINH = FunctionSpec(
-    name="SinhFixed", reference=torch.sinh, cases=_uniform_cases([(5,), (2, 3)]), double_backward=True
+    name="SinhFixed", reference=torch.sinh, cases=_uniform_cases([(5,), (2, 3)], SINH_SPECIAL), double_backward=True
 )
 
 
 def check_sinh(student: Any, *, shapes: Sequence[Sequence[int]] = ((5,), (2, 3)), seed: int | None = 0) -> None:
-    """sinh(x) with one output, whose gradient autograd can differentiate again."""
+    """sinh(x) with one output, whose gradient autograd can differentiate again; right at
+    x = 0 and at large |x| too."""
     __tracebackhide__ = True
-    check_function(student, replace(SINH, cases=_uniform_cases(shapes)), seed=seed)
+    check_finite(student, "SinhFixed", torch.sinh, SINH_SPECIAL, SINH_OVERFLOW)
+    check_function(student, replace(SINH, cases=_uniform_cases(shapes, SINH_SPECIAL)), seed=seed)
+
+
+# --- Sinh that returns its intermediates as extra outputs (the PyTorch tutorial's fix) -------
+
+def _sinh_intermediates(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return torch.sinh(x), torch.exp(x), torch.exp(-x)
+
+
+def _sinh_intermediates_hint(args: tuple, i: int, wrong: torch.Tensor) -> str:
+    return (
+        "backward receives one gradient per output, and x reaches all three: grad_x = grad_out * cosh(x) "
+        "+ grad_expx * d exp(x)/dx + grad_expnegx * d exp(-x)/dx, where d exp(-x)/dx = -exp(-x). Without "
+        "the last two terms backward is right only while nobody uses expx and expnegx (their gradients "
+        "are then zeros); the double backward, and any caller who uses them, sends gradients through them."
+    )
+
+
+SINH_INTERMEDIATES_SPECIAL = torch.tensor([0.0, 1.0, -1.5], dtype=torch.float64)
+
+SINH_INTERMEDIATES = FunctionSpec(
+    name="SinhWithIntermediates",
+    reference=_sinh_intermediates,
+    cases=_uniform_cases([(5,), (2, 3)], SINH_INTERMEDIATES_SPECIAL),
+    double_backward=True,
+    hint=_sinh_intermediates_hint,
+)
+
+SINH_INTERMEDIATES_SAVES = SaveRule(
+    name="SinhWithIntermediates",
+    expected=("output 1", "output 2"),
+    fix="save exactly the two exponentials you return, the very tensors forward returns as outputs 1 and 2",
+    names=Names(
+        args=("x",),
+        outputs=("out", "expx", "expnegx"),
+        known={"exp(x)": torch.exp, "exp(-x)": lambda x: torch.exp(-x), "cosh(x)": torch.cosh},
+    ),
+    reasons={
+        "intermediate": "a tensor forward does not return is a constant to autograd, even with the values of "
+        "an output: a copy (`expx.clone()`) or a second `torch.exp(x)` breaks the double backward again, "
+        "and costs memory. Save the tensors you return.",
+        "input": "the exponentials are returned so that backward can reuse them: saving x makes backward "
+        "compute them again (exercise 7.1's way, not this one's).",
+        "output": "backward needs only the two exponentials: cosh(x) = (exp(x) + exp(-x)) / 2.",
+    },
+)
+
+
+def check_sinh_intermediates(
+    student: Any, *, shapes: Sequence[Sequence[int]] = ((5,), (2, 3)), seed: int | None = 0
+) -> None:
+    """SinhWithIntermediates(x) -> (sinh(x), exp(x), exp(-x)), saving its two extra outputs,
+    with a backward that takes all three gradients and can be differentiated again."""
+    __tracebackhide__ = True
+    cases = _uniform_cases(shapes, SINH_INTERMEDIATES_SPECIAL)
+    for args in cases(inputs.generator(seed))[:1]:
+        check_outputs(
+            student, "SinhWithIntermediates", devices.prepare(args, "cpu"), ("out", "expx", "expnegx"),
+            non_differentiable=(
+                "expx and expnegx must stay differentiable: backward saves them, and a saved output marked "
+                "non-differentiable comes back without a graph, so the double backward cannot go through it. "
+                "Do not pass them to ctx.mark_non_differentiable."
+            ),
+        )
+    passed("SinhWithIntermediates returns three tensors (out, expx, expnegx), each with a grad_fn.")
+    for device in devices.available():
+        for args in cases(inputs.generator(seed))[:2]:
+            recording = check_saved(student, SINH_INTERMEDIATES_SAVES, devices.prepare(args, device))
+    passed(f"SinhWithIntermediates saves exactly expx and expnegx, its outputs ({recording.nbytes} bytes for x "
+           f"of shape {tuple(recording.args[0].shape)}), nothing on ctx.")
+    check_function(student, replace(SINH_INTERMEDIATES, cases=cases), seed=seed)
 
 
 # --- CubeBackward: the backward of a backward autograd cannot see ---------------------------
@@ -152,6 +239,12 @@ def _hvp_error(error: probe.ProbeError, f_had_graph: bool) -> tuple[str, str | N
             "`x` does not require grad: differentiate with respect to a copy that does, "
             "`x = x.detach().requires_grad_()`."
         )
+    if any(m in message for m in ("cannot be multiplied", "1D tensors expected", "inconsistent tensor size",
+                                     "size mismatch")):
+        return what, (
+            "`g @ v` (or torch.dot) is the dot product only when x is a vector. For x of any shape, give v "
+            "as grad_outputs, `torch.autograd.grad(g, x, grad_outputs=v)`, or differentiate `(g * v).sum()`."
+        )
     if "setup_context" in message:
         return what, (
             "f contains a classic autograd.Function, which torch.func cannot transform "
@@ -219,7 +312,7 @@ def _check_hvp_once(
 def check_hvp(
     hvp: Callable[[Scalar, torch.Tensor, torch.Tensor], torch.Tensor],
     *,
-    shapes: Sequence[Sequence[int]] = ((5,),),
+    shapes: Sequence[Sequence[int]] = ((5,), (2, 3)),
     x_requires_grad: bool = False,
     seed: int | None = 0,
     rtol: float = 1e-6,
@@ -250,7 +343,7 @@ def check_hvp(
 
 # --- Reading the graphs --------------------------------------------------------------------
 
-GRAPH_QUESTIONS = "abcdefgh"
+GRAPH_QUESTIONS = "abcdefghij"
 GRAPH_CHOICES = (
     "x", "out", "grad_x", "grad_out", "None",
     "AccumulateGrad", "MulBackward0", "TanhBackward", "CubeBackward", "CubeBackwardBackward",

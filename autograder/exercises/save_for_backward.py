@@ -16,17 +16,20 @@ from ..student.saved import KINDS, Names, Recording, non_leaf, record
 Cases = Callable[[torch.Generator], list[tuple]]
 
 
-def _normal_cases(shapes: Sequence[Sequence[int]]) -> Cases:
-    return lambda generator: [(inputs.normal(s, generator),) for s in shapes]
+def _normal_cases(shapes: Sequence[Sequence[int]], *special: torch.Tensor) -> Cases:
+    """One standard-normal x per shape, then the `special` points as they are."""
+    return lambda generator: [(inputs.normal(s, generator),) for s in shapes] + [(x.clone(),) for x in special]
 
 
 def _saves_exactly(student: Any, rule: SaveRule, cases: Cases, seed: int | None, copy: bool = False) -> Recording:
-    """check_saved on every case and device; `copy` applies the Function to a non-leaf
-    copy of each argument (in-place Functions cannot modify a leaf that requires grad)."""
+    """check_saved on the first two cases, on every device; `copy` applies the Function to
+    a non-leaf copy of each argument (in-place Functions cannot modify a leaf that requires
+    grad). (What a Function saves does not depend on the shape; a backward that fails on
+    another shape is check_function's to explain, with the gradients.)"""
     __tracebackhide__ = True
     generator = inputs.generator(seed)
     for device in devices.available():
-        for args in cases(generator):
+        for args in cases(generator)[:2]:
             recording = check_saved(student, rule, devices.prepare(args, device), copy=copy)
     return recording
 
@@ -34,6 +37,71 @@ def _saves_exactly(student: Any, rule: SaveRule, cases: Cases, seed: int | None,
 def _bytes(recording: Recording) -> str:
     x = recording.args[0]
     return f"{recording.nbytes} bytes for x of shape {tuple(x.shape)}"
+
+
+# --- Shared by the checks of notebooks 06 and 07 --------------------------------------------
+
+def check_finite(student: Any, name: str, reference: Callable, x: torch.Tensor, cause: str) -> None:
+    """At special points `x` (exactly 0, large magnitudes), the student's outputs and
+    gradients (grad_output of ones) must be finite wherever the reference's are: a formula
+    that overflows, or divides 0 by 0, is wrong there although it is right elsewhere.
+    (The values themselves are then compared by check_function, which gets `x` as a case.)"""
+    __tracebackhide__ = True
+    (ref_x,) = devices.prepare((x,), "cpu")
+    ones = [torch.ones_like(o) for o in probe.outputs_of(reference(ref_x.detach())) if o.is_floating_point()]
+    expected = probe.run(reference, (ref_x,), [ones])
+    with quiet():
+        actual = probe.run(student, devices.prepare((x,), "cpu"), [ones])
+    if actual.error is not None or len(actual.outputs) != len(expected.outputs):
+        return  # check_function names the error
+    pairs = [(f"output {k}" if len(expected.outputs) > 1 else "output", w, g)
+             for k, (w, g) in enumerate(zip(expected.outputs, actual.outputs))]
+    if actual.grads:
+        pairs += [("gradient (grad_output of ones)", w, g) for w, g in zip(expected.grads[0], actual.grads[0])]
+    for what, want, got in pairs:
+        if got is None or want is None or got.shape != want.shape or not got.is_floating_point():
+            continue
+        bad = torch.isfinite(want.cpu()) & ~torch.isfinite(got.detach().cpu())
+        if bool(bad.any()):
+            k = int(bad.reshape(-1).nonzero()[0])
+            point, value, right = x.reshape(-1)[k].item(), got.reshape(-1)[k].item(), want.reshape(-1)[k].item()
+            fail(
+                f"{name}: the {what} is {value} at x = {point:g}, where it is {right:.6g}.",
+                f"x = {show(x)}",
+                cause=cause,
+            )
+    points = ", ".join(f"{v:g}" for v in x.tolist())
+    passed(f"{name}: values and gradients are finite at x = {points}, where the reference's are.")
+
+
+def check_outputs(
+    student: Any, name: str, args: tuple, labels: Sequence[str], *, arg_names: Sequence[str] = ("x",),
+    integer: Sequence[str] = (), integer_cause: str = "", non_differentiable: str = "",
+) -> None:
+    """forward returns one tensor per label; those in `integer` are int64 (never
+    differentiable), every other one has a grad_fn (best effort: reported by the process
+    that ran forward)."""
+    __tracebackhide__ = True
+    shown = ", ".join(f"{n} of shape {tuple(a.shape)}" if isinstance(a, torch.Tensor) else f"{n} = {a!r}"
+                      for n, a in zip(arg_names, args))
+    with quiet():
+        found = probe.invoke(save_for_backward.outputs_report, student, args)
+    try:
+        error, returned, outputs = probe.ProbeError.from_data(found["error"]), found["type"], found["outputs"]
+        pairs = [(str(dtype), bool(graph)) for dtype, graph in outputs] if outputs is not None else None
+    except (KeyError, TypeError, ValueError) as bad:
+        raise probe.Malformed(f"malformed outputs: {bad}") from None
+    if error is not None:
+        what, cause = explain.error("forward", error.type, error.message, list(arg_names))
+        fail(f"{name}: {what}.", shown, cause=cause)
+    if pairs is None or len(pairs) != len(labels):
+        got = f"{len(pairs)} tensors" if pairs is not None else returned
+        fail(f"{name} must return {len(labels)} tensors, ({', '.join(labels)}).", shown, f"got {got}")
+    for label, (dtype, graph) in zip(labels, pairs):
+        if label in integer and dtype != str(torch.int64):
+            fail(f"{name}: `{label}` has dtype {dtype}, expected torch.int64.", shown, cause=integer_cause)
+        if label not in integer and not graph:
+            fail(f"{name}: `{label}` is not connected to autograd (no grad_fn).", shown, cause=non_differentiable)
 
 
 # --- Exercise: saved_by ------------------------------------------------------------------
@@ -60,11 +128,49 @@ SAVED_BY_EXAMPLES = (
     _Example("ExpInPlace.apply(x * 1)  # in place: its output is its input", save_for_backward.ExpInPlace, lambda x, b: (x,), copy=True),
     _Example("ExpOnCtx.apply(x)  # stashes its output on ctx", save_for_backward.ExpOnCtx, lambda x, b: (x,)),
     _Example("Exp.apply(x.detach())  # no input requires grad", save_for_backward.Exp, lambda x, b: (x.detach(),)),
+    _Example("RowOfOuter.apply(x)  # saves p[0], a row of the intermediate n x n matrix p", save_for_backward.RowOfOuter,
+             lambda x, b: (x,)),
+    _Example("SavesTwice.apply(x)  # saves e = exp(x) and e[1:], one block of memory", save_for_backward.SavesTwice,
+             lambda x, b: (x,)),
 )
 
 
-def check_saved_by(saved_by: Callable[..., Any], *, shape: Sequence[int] = (4,), seed: int | None = 0) -> None:
-    """saved_by(fn, *args) -> [(kind, shape, nbytes)] for each tensor fn saved, in order."""
+def _kept_alive(recording: Recording) -> int:
+    """Bytes of the distinct storages of the saved intermediates: the memory the call keeps
+    alive only for backward (a view keeps its whole storage)."""
+    blocks = {}
+    for s in recording.saved:
+        if s.kind == "intermediate":
+            storage = s.tensor.untyped_storage()
+            blocks[storage.data_ptr()] = storage.nbytes()
+    return sum(blocks.values())
+
+
+def _kept_alive_mistakes(recording: Recording) -> dict[str, int]:
+    """What kept_alive returns for the usual mistakes, each with its cause."""
+    intermediates = [s for s in recording.saved if s.kind == "intermediate"]
+    storages = {s.tensor.untyped_storage().data_ptr(): (s.tensor.untyped_storage().nbytes(), s.tensor.element_size())
+                for s in intermediates}
+    return {
+        "a view keeps its whole block of memory alive, not only the elements it shows: count "
+        "`t.untyped_storage().nbytes()`, not `t.numel() * t.element_size()`.":
+            sum(s.nbytes for s in intermediates),
+        "two saved tensors in one block of memory keep it alive once: count each storage once "
+        "(a dict or set keyed by `t.untyped_storage().data_ptr()`).":
+            sum(s.tensor.untyped_storage().nbytes() for s in intermediates),
+        "the memory of the inputs and outputs exists anyway: count only saved tensors that share "
+        "no storage with an input or an output.":
+            sum({s.tensor.untyped_storage().data_ptr(): s.tensor.untyped_storage().nbytes()
+                 for s in recording.saved}.values()),
+        "count bytes (`storage.nbytes()`), not elements.":
+            sum(nbytes // size for nbytes, size in storages.values()),
+    }
+
+
+def check_saved_by(saved_by: Callable[..., Any], kept_alive: Callable[..., Any] | None = None, *,
+                   shape: Sequence[int] = (4,), seed: int | None = 0) -> None:
+    """saved_by(fn, *args) -> [(kind, shape, nbytes)] for each tensor fn saved, in order;
+    kept_alive(fn, *args) -> the bytes of the storages that only the saved tensors keep alive."""
     __tracebackhide__ = True
     generator = inputs.generator(seed)
     for example in SAVED_BY_EXAMPLES:
@@ -72,15 +178,7 @@ def check_saved_by(saved_by: Callable[..., Any], *, shape: Sequence[int] = (4,),
         args = example.args(x, b)
         recording = record(example.fn, *(non_leaf(args) if example.copy else args))
         expected = [(s.kind, s.shape, s.nbytes) for s in recording.saved]
-        with quiet():
-            result = probe.invoke(save_for_backward.saved_by_result, saved_by, example.fn, args, example.copy)
-        error = probe.ProbeError.from_data(result.get("error") if isinstance(result, dict) else None)
-        if error is not None:
-            what, cause = explain.error("saved_by", error.type, error.message, [])
-            fail(f"saved_by on `{example.call}`: {what}.", f"x has shape {tuple(shape)}", cause=cause)
-        if not isinstance(result, dict) or "value" not in result:
-            raise probe.Malformed("malformed saved_by result")
-        got = _entries(result["value"], example.call)
+        got = _entries(_called("saved_by", saved_by, example, args, shape), example.call)
         if got != expected:
             fail(
                 f"saved_by on `{example.call}` is wrong.",
@@ -89,10 +187,53 @@ def check_saved_by(saved_by: Callable[..., Any], *, shape: Sequence[int] = (4,),
                 f"actual   {got}",
                 cause=_saved_by_cause(expected, got),
             )
+        if kept_alive is not None:
+            _check_kept_alive(kept_alive, example, args, shape, recording)
     passed(
         f"saved_by: right on {len(SAVED_BY_EXAMPLES)} Functions (inputs, outputs, a view, intermediates, "
-        "a bool mask, an int64 output, an in-place Function, a tensor stashed on ctx, a call without grad)."
+        "a bool mask, an int64 output, an in-place Function, a tensor stashed on ctx, a call without grad, "
+        "views of intermediates)."
     )
+    if kept_alive is not None:
+        passed(
+            f"kept_alive: right on the same {len(SAVED_BY_EXAMPLES)} Functions (a saved row keeps its whole "
+            "matrix alive, a block saved twice counts once, inputs and outputs count nothing)."
+        )
+
+
+def _called(label: str, student: Callable[..., Any], example: _Example, args: tuple, shape: Sequence[int]) -> Any:
+    """student(example.fn, *args) in the student's process: its result, or a failure naming its error."""
+    __tracebackhide__ = True
+    with quiet():
+        result = probe.invoke(save_for_backward.saved_by_result, student, example.fn, args, example.copy)
+    error = probe.ProbeError.from_data(result.get("error") if isinstance(result, dict) else None)
+    if error is not None:
+        what, cause = explain.error(label, error.type, error.message, [])
+        fail(f"{label} on `{example.call}`: {what}.", f"x has shape {tuple(shape)}", cause=cause)
+    if not isinstance(result, dict) or "value" not in result:
+        raise probe.Malformed(f"malformed {label} result")
+    return result["value"]
+
+
+def _check_kept_alive(kept_alive: Callable[..., Any], example: _Example, args: tuple, shape: Sequence[int],
+                      recording: Recording) -> None:
+    __tracebackhide__ = True
+    got = _called("kept_alive", kept_alive, example, args, shape)
+    want = _kept_alive(recording)
+    if isinstance(got, bool) or not isinstance(got, (int, float, torch.Tensor)) or (
+        isinstance(got, torch.Tensor) and got.numel() != 1
+    ):
+        fail(f"kept_alive must return a number of bytes (an int); on `{example.call}` it returned {show(got)}.")
+    got = float(got)
+    if got != want:
+        cause = next((c for c, v in _kept_alive_mistakes(recording).items() if v == got and v != want), None)
+        fail(
+            f"kept_alive on `{example.call}` is wrong: {got:g} bytes, expected {want}.",
+            f"x has shape {tuple(shape)}, float64; saved: "
+            + (", ".join(f"{s.kind} of shape {s.shape}" for s in recording.saved) or "nothing"),
+            cause=cause or "count the bytes of each storage (`t.untyped_storage().nbytes()`) that a saved "
+            "tensor does not share with an input or an output, each storage once.",
+        )
 
 
 def _entries(result: Any, call: str) -> list[tuple]:
@@ -169,13 +310,22 @@ SIGMOID_SAVES = SaveRule(
 )
 
 
+# Exactly 0 and large magnitudes: exp(800) overflows float64, and exp(x) / (1 + exp(x)) is then inf / inf.
+SIGMOID_SPECIAL = torch.tensor([0.0, 800.0, -800.0, 40.0, -40.0], dtype=torch.float64)
+SIGMOID_OVERFLOW = (
+    "exp of a large number overflows float64 to inf (beyond 709.78), and a formula such as "
+    "exp(x) / (1 + exp(x)) then computes inf / inf = nan, although σ(x) is 1 there. Use torch.sigmoid, or "
+    "1 / (1 + exp(-x)), where an overflow only makes the denominator inf and the result 0."
+)
+
+
 def check_sigmoid(student: Any, *, shapes: Sequence[Sequence[int]] = ((5,), (2, 3)), seed: int | None = 0) -> None:
-    """Sigmoid(x) = 1 / (1 + exp(-x)), saving exactly its output."""
+    """Sigmoid(x) = 1 / (1 + exp(-x)), saving exactly its output; finite at large |x|."""
     __tracebackhide__ = True
-    cases = _normal_cases(shapes)
-    recording = _saves_exactly(student, SIGMOID_SAVES, cases, seed)
+    recording = _saves_exactly(student, SIGMOID_SAVES, _normal_cases(shapes), seed)
     passed(f"Sigmoid saves exactly its output ({_bytes(recording)}), nothing on ctx.")
-    check_function(student, replace(SIGMOID, cases=cases), seed=seed)
+    check_finite(student, "Sigmoid", torch.sigmoid, SIGMOID_SPECIAL, SIGMOID_OVERFLOW)
+    check_function(student, replace(SIGMOID, cases=_normal_cases(shapes, SIGMOID_SPECIAL)), seed=seed)
 
 
 # --- Exercise: Tanh_ in place -------------------------------------------------------------
@@ -200,6 +350,14 @@ TANH_SAVES = SaveRule(
 )
 
 
+# Exactly 0 and large magnitudes: exp(2x) overflows float64 beyond x = 354.9.
+TANH_SPECIAL = torch.tensor([0.0, 400.0, -400.0, 20.0, -20.0], dtype=torch.float64)
+TANH_OVERFLOW = (
+    "exp(2x) overflows float64 to inf once x > 354.9, and (exp(2x) - 1) / (exp(2x) + 1) is then "
+    "inf / inf = nan, although tanh(x) is 1 there. Let torch compute it in place: `x.tanh_()`."
+)
+
+
 def check_tanh_(student: type[torch.autograd.Function], *, shapes: Sequence[Sequence[int]] = ((5,), (2, 3)),
                 seed: int | None = 0) -> None:
     """Tanh_(x): tanh computed in place in x's memory, declared with ctx.mark_dirty."""
@@ -211,7 +369,8 @@ def check_tanh_(student: type[torch.autograd.Function], *, shapes: Sequence[Sequ
     passed("Tanh_ modifies its input in place, returns it, and declares it with ctx.mark_dirty.")
     recording = _saves_exactly(student, TANH_SAVES, cases, seed, copy=True)
     passed(f"Tanh_ saves exactly its output, the input's own memory ({_bytes(recording)}).")
-    check_function(_OnAClone(student), replace(TANH, cases=cases), seed=seed)
+    check_finite(_OnAClone(student), "Tanh_", torch.tanh, TANH_SPECIAL, TANH_OVERFLOW)
+    check_function(_OnAClone(student), replace(TANH, cases=_normal_cases(shapes, TANH_SPECIAL)), seed=seed)
 
 
 def _check_in_place(student: type[torch.autograd.Function], leaf: torch.Tensor) -> None:
@@ -264,15 +423,20 @@ def _sort_cases(shapes: Sequence[Sequence[int]], dims: Sequence[int]) -> Cases:
 
 
 def _sort_hint(args: tuple, i: int, wrong: torch.Tensor) -> str:
+    x, dim = args
+    along = "" if x.dim() < 2 else (
+        f" Here x has shape {tuple(x.shape)} and is sorted along dim {dim}: scatter along that same dim "
+        "(ctx.dim), not a fixed one."
+    )
     return (
-        "each entry of grad_values goes back to the position its value came from: "
-        "`torch.zeros_like(grad_values).scatter(dim, indices, grad_values)`; "
-        "`gather` reads at the indices instead, which applies the permutation a second time."
+        "each entry of grad_values goes back to the position its value came from (a scatter at the "
+        "indices); reading at the indices (a gather) applies the permutation a second time." + along
     )
 
 
 SORT = FunctionSpec(
-    name="Sort", reference=torch.sort, cases=_sort_cases([(6,), (3, 4)], [0, 1]), double_backward=True, hint=_sort_hint
+    name="Sort", reference=torch.sort, cases=_sort_cases([(6,), (3, 4), (4, 3), (1, 5)], [0, 0, -1, -1]), double_backward=True,
+    hint=_sort_hint,
 )
 
 SORT_SAVES = SaveRule(
@@ -291,46 +455,24 @@ SORT_SAVES = SaveRule(
 )
 
 
-def check_sort(student: type[torch.autograd.Function], *, shapes: Sequence[Sequence[int]] = ((6,), (3, 4)),
-               dims: Sequence[int] = (0, 1), seed: int | None = 0) -> None:
+def check_sort(student: type[torch.autograd.Function], *,
+               shapes: Sequence[Sequence[int]] = ((6,), (3, 4), (4, 3), (1, 5)),
+               dims: Sequence[int] = (0, 0, -1, -1), seed: int | None = 0) -> None:
     """Sort(x, dim) -> (values, indices) like torch.sort; the indices are not differentiable."""
     __tracebackhide__ = True
     cases = _sort_cases(shapes, dims)
     for args in cases(inputs.generator(seed)):
-        _check_sort_outputs(student, devices.prepare(args, "cpu"))
+        check_outputs(
+            student, "Sort", devices.prepare(args, "cpu"), ("values", "indices"), arg_names=("x", "dim"),
+            integer=("indices",),
+            integer_cause="return the indices torch.sort gives: integer positions, which autograd never differentiates.",
+            non_differentiable="only the indices are non-differentiable: pass them, not the values, to "
+            "ctx.mark_non_differentiable.",
+        )
     passed("Sort returns float values with a grad_fn and int64 indices without one.")
     recording = _saves_exactly(student, SORT_SAVES, cases, seed)
     passed(f"Sort saves exactly the indices ({_bytes(recording)}), nothing on ctx.")
     check_function(student, replace(SORT, cases=cases), seed=seed)
-
-
-def _check_sort_outputs(student: type[torch.autograd.Function], args: tuple) -> None:
-    __tracebackhide__ = True
-    x, dim = args
-    shown = f"x of shape {tuple(x.shape)}, dim = {dim}"
-    with quiet():
-        found = probe.invoke(save_for_backward.sort_outputs, student, args)
-    try:
-        error, returned, outputs = probe.ProbeError.from_data(found["error"]), found["type"], found["outputs"]
-        pair = [(str(dtype), bool(graph)) for dtype, graph in outputs] if outputs is not None else None
-    except (KeyError, TypeError, ValueError) as bad:
-        raise probe.Malformed(f"malformed Sort outputs: {bad}") from None
-    if error is not None:
-        what, cause = explain.error("forward", error.type, error.message, ["x", "dim"])
-        fail(f"Sort: {what}.", shown, cause=cause)
-    if pair is None or len(pair) != 2:
-        fail("Sort must return two tensors, (values, indices).", shown, f"got {returned}")
-    (_, values_graph), (indices_dtype, _) = pair
-    if indices_dtype != str(torch.int64):
-        fail(
-            f"Sort: the indices have dtype {indices_dtype}, expected torch.int64.", shown,
-            cause="return the indices torch.sort gives: integer positions, which autograd never differentiates.",
-        )
-    if not values_graph:
-        fail(
-            "Sort: the values are not connected to autograd (no grad_fn).", shown,
-            cause="only the indices are non-differentiable: pass them, not the values, to ctx.mark_non_differentiable.",
-        )
 
 
 # --- Exercise: error, silently wrong, or correct? -----------------------------------------

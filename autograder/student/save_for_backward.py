@@ -1,6 +1,7 @@
 """Notebook 06_save_for_backward in the student's process: the small Functions the
-student's saved_by is tried on (registered: handed to student code by name), and the
-procedures that run the student's Functions and report what they did.
+student's saved_by and kept_alive are tried on (registered: handed to student code by
+name), and the procedures that run the student's Functions and report what they did
+(07_double_backward uses `outputs_report` too).
 
 What these procedures report is observed in the student's process: best effort.
 """
@@ -138,16 +139,54 @@ class ExpOnCtx(torch.autograd.Function):
         return grad_output * ctx.y
 
 
-for _function in (Square, Exp, SinhIntermediates, SquareTail, ReLUMask, Mul, TopTwo, ExpInPlace, ExpOnCtx):  # handed to the student's saved_by
+class RowOfOuter(torch.autograd.Function):
+    """exp(x[0] + x), computed as row 0 of the n x n outer product exp(x) exp(x)ᵀ, which it
+    saves: a view that keeps all n² numbers of the product alive."""
+
+    @staticmethod
+    def forward(ctx, x):
+        e = x.reshape(-1).exp()
+        row = (e[:, None] * e[None, :])[0]
+        ctx.save_for_backward(row)
+        ctx.shape = x.shape
+        return (row * 1).reshape(x.shape)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (row,) = ctx.saved_tensors
+        grad = grad_output.reshape(-1) * row  # d row_k / d x_k = row_k
+        first = torch.zeros_like(grad)
+        first[0] = grad.sum()  # and every row_k depends on x[0]
+        return (grad + first).reshape(ctx.shape)
+
+
+class SavesTwice(torch.autograd.Function):
+    """exp(x), saving e = exp(x) (a copy, so an intermediate) and its view e[1:]: two saved
+    tensors, one block of memory."""
+
+    @staticmethod
+    def forward(ctx, x):
+        e = x.exp()
+        ctx.save_for_backward(e, e[1:])
+        return e * 1
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        e, _ = ctx.saved_tensors
+        return grad_output * e
+
+
+for _function in (Square, Exp, SinhIntermediates, SquareTail, ReLUMask, Mul, TopTwo, ExpInPlace, ExpOnCtx,
+                  RowOfOuter, SavesTwice):  # handed to the student's saved_by and kept_alive
     probe.reference(f"{__name__}:{_function.__name__}", _function)
 
 
 @probe.procedure
-def saved_by_result(saved_by: Callable[..., Any], fn: type[torch.autograd.Function], args: tuple, copy: bool) -> dict:
-    """saved_by(fn, *args) (on non-leaf copies of the arguments with `copy`): its result
-    as it is, or its error."""
+def saved_by_result(student: Callable[..., Any], fn: type[torch.autograd.Function], args: tuple, copy: bool) -> dict:
+    """student(fn, *args), the student's saved_by or kept_alive (on non-leaf copies of the
+    arguments with `copy`): its result as it is, or its error."""
     try:
-        return {"value": saved_by(fn, *(non_leaf(args) if copy else args)), "error": None}
+        return {"value": student(fn, *(non_leaf(args) if copy else args)), "error": None}
     except Exception as exc:  # the student's code may raise anything
         return {"value": None, "error": asdict(probe.ProbeError.of("call", exc))}
 
@@ -179,7 +218,7 @@ def on_a_clone(function: type[torch.autograd.Function], procedure: str, *args: A
 
 
 @probe.procedure
-def sort_outputs(function: type[torch.autograd.Function], args: tuple) -> dict:
+def outputs_report(function: type[torch.autograd.Function], args: tuple) -> dict:
     """`function.apply(*args)`: its error, the name of its result's type and, for a tuple
     of tensors, (dtype, has a grad_fn) for each (best effort)."""
     try:

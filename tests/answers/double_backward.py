@@ -15,6 +15,25 @@ class SinhFixed(torch.autograd.Function):
         return grad_out * (expx + expnegx) / 2
 '''
 
+_SINH_INTERMEDIATES = '''
+class SinhWithIntermediates(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        expx = torch.exp(x)
+        expnegx = torch.exp(-x)
+        {forward}
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_expx, grad_expnegx):
+        {backward}
+
+
+def sinh_with_intermediates(x):
+    return SinhWithIntermediates.apply(x)[0]
+'''
+_TUTORIAL_FORWARD = "ctx.save_for_backward(expx, expnegx)\n        return (expx - expnegx) / 2, expx, expnegx"
+_EXTRA_TERMS = "return grad_x + grad_expx * expx - grad_expnegx * expnegx"
+
 MUTANTS = [
     wrong("sinh_fixed", "saves the intermediates with save_for_backward", source=_SINH_SAVE.format(
         save="ctx.save_for_backward(expx, expnegx)", load="expx, expnegx = ctx.saved_tensors")),
@@ -26,6 +45,81 @@ MUTANTS = [
           ("return grad_out * (torch.exp(x) + torch.exp(-x)) / 2", "return (torch.exp(x) + torch.exp(-x)) / 2")),
     wrong("sinh_fixed", "detaches the saved input in backward",
           ("(x,) = ctx.saved_tensors", "x = ctx.saved_tensors[0].detach()")),
+    wrong("sinh_fixed", "computes cosh under torch.no_grad()",
+          ("return grad_out * (torch.exp(x) + torch.exp(-x)) / 2  # recomputed, so recorded",
+           "with torch.no_grad():\n            cosh = (torch.exp(x) + torch.exp(-x)) / 2\n        return grad_out * cosh")),
+    wrong("sinh_fixed", "reads x.data in backward",
+          ("(x,) = ctx.saved_tensors", "x = ctx.saved_tensors[0].data")),
+    wrong("sinh_fixed", "cosh computed by NumPy", source='''
+import numpy as np
+
+
+class SinhFixed(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.sinh(x)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (x,) = ctx.saved_tensors
+        return grad_out * torch.as_tensor(np.cosh(x.detach().cpu().numpy()), device=x.device)
+'''),
+    wrong("sinh_fixed", "cosh = sqrt(1 + y * y) from the output: y * y overflows for |x| > 355", source='''
+class SinhFixed(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = torch.sinh(x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (y,) = ctx.saved_tensors
+        return grad_out * torch.sqrt(1 + y * y)
+'''),
+    wrong("sinh_fixed", "cosh = sinh(x) / tanh(x): 0 / 0 at x = 0", source='''
+class SinhFixed(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = torch.sinh(x)
+        ctx.save_for_backward(x, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, y = ctx.saved_tensors
+        return grad_out * y / torch.tanh(x)
+'''),
+    # SinhWithIntermediates (the PyTorch tutorial's fix)
+    wrong("sinh_intermediates", "leaves out the extra outputs' gradients (passes gradcheck of out alone)",
+          (_EXTRA_TERMS, "return grad_x")),
+    wrong("sinh_intermediates", "sign of the exp(-x) term", (_EXTRA_TERMS, "return grad_x + grad_expx * expx + grad_expnegx * expnegx")),
+    wrong("sinh_intermediates", "multiplies grad_expx by the wrong exponential",
+          (_EXTRA_TERMS, "return grad_x + grad_expx * expnegx - grad_expnegx * expx")),
+    wrong("sinh_intermediates", "saves copies of the outputs (intermediates again)",
+          ("ctx.save_for_backward(expx, expnegx)  # saved, and returned below: outputs",
+           "ctx.save_for_backward(expx.clone(), expnegx.clone())")),
+    wrong("sinh_intermediates", "returns detached copies, so the saved tensors are not the outputs",
+          ("return (expx - expnegx) / 2, expx, expnegx", "return (expx - expnegx) / 2, expx.detach(), expnegx.detach()")),
+    wrong("sinh_intermediates", "marks the extra outputs non-differentiable",
+          ("ctx.save_for_backward(expx, expnegx)  # saved, and returned below: outputs",
+           "ctx.save_for_backward(expx, expnegx)\n        ctx.mark_non_differentiable(expx, expnegx)")),
+    wrong("sinh_intermediates", "set_materialize_grads(False) without skipping None",
+          ("ctx.save_for_backward(expx, expnegx)  # saved, and returned below: outputs",
+           "ctx.save_for_backward(expx, expnegx)\n        ctx.set_materialize_grads(False)")),
+    wrong("sinh_intermediates", "saves x and recomputes the exponentials", source=_SINH_INTERMEDIATES.format(
+        forward="ctx.save_for_backward(x)\n        return (expx - expnegx) / 2, expx, expnegx",
+        backward="(x,) = ctx.saved_tensors\n        expx, expnegx = torch.exp(x), torch.exp(-x)\n"
+                 "        return grad_out * (expx + expnegx) / 2 + grad_expx * expx - grad_expnegx * expnegx")),
+    wrong("sinh_intermediates", "adds the extra terms into grad_out in place", source=_SINH_INTERMEDIATES.format(
+        forward=_TUTORIAL_FORWARD,
+        backward="expx, expnegx = ctx.saved_tensors\n        grad_out += 2 * (grad_expx * expx - grad_expnegx * expnegx)"
+                 " / (expx + expnegx)\n        return grad_out * (expx + expnegx) / 2")),
+    wrong("sinh_intermediates", "stashes the exponentials on ctx", source=_SINH_INTERMEDIATES.format(
+        forward="ctx.expx, ctx.expnegx = expx, expnegx\n        return (expx - expnegx) / 2, expx, expnegx",
+        backward="expx, expnegx = ctx.expx, ctx.expnegx\n"
+                 "        return grad_out * (expx + expnegx) / 2 + grad_expx * expx - grad_expnegx * expnegx")),
     wrong("cube_backward", "missing the grad_out term",
           ("return grad_grad_out, grad_x", "return None, grad_x")),
     wrong("cube_backward", "ignores the incoming gradient in the x term",
@@ -36,6 +130,8 @@ MUTANTS = [
           ("grad_x = grad * grad_out * 6 * x", "grad_x = grad * 6 * x")),
     wrong("cube_backward", "zeros for grad_out",
           ("grad_grad_out = grad * 3 * x**2", "grad_grad_out = torch.zeros_like(grad)")),
+    wrong("cube_backward", "multiplies the incoming gradient in place",
+          ("grad_x = grad * grad_out * 6 * x", "grad_x = grad.mul_(grad_out * 6 * x)")),
     wrong("hvp", "no create_graph", (", create_graph=True)", ")")),
     wrong("hvp", "detaches the gradient",
           ("torch.autograd.grad(g, x, grad_outputs=v)", "torch.autograd.grad(g.detach(), x, grad_outputs=v)")),
@@ -58,6 +154,8 @@ def hvp(f, x, v):
     x.grad.backward(v)
     return x.grad
 '''),
+    wrong("hvp", "g @ v, a dot product only for vectors",
+          ("(hv,) = torch.autograd.grad(g, x, grad_outputs=v)", "(hv,) = torch.autograd.grad(g @ v, x)")),
     wrong("hvp", "torch.func, which cannot transform classic Functions", source='''
 def hvp(f, x, v):
     return torch.func.jvp(torch.func.grad(f), (x,), (v,))[1]
@@ -69,10 +167,12 @@ def hvp(f, x, v):
     wrong("graph_answers", "takes the forward node for grad_x's grad_fn",
           ('"d": "CubeBackwardBackward"', '"d": "CubeBackward"')),
     wrong("graph_answers", "thinks an unconnected gradient still has a node", ('"h": "0"', '"h": "1"')),
+    wrong("graph_answers", "thinks an unused output's gradient arrives as None", ('"i": "0"', '"i": "None"')),
+    wrong("graph_answers", "counts the saved zeros as the Function's saved tensors", ('"j": "2"', '"j": "4"')),
 ]
 
 VARIANTS = [
-    right("sinh_fixed", "saves the output: cosh = sqrt(1 + sinh²)", source='''
+    right("sinh_fixed", "saves the output: cosh = hypot(1, sinh), which does not overflow", source='''
 class SinhFixed(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
@@ -83,7 +183,7 @@ class SinhFixed(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         (y,) = ctx.saved_tensors
-        return grad_out * torch.sqrt(1 + y * y)
+        return grad_out * torch.hypot(torch.ones_like(y), y)
 '''),
     right("sinh_fixed", "saves input and output, torch.cosh, needs_input_grad", source='''
 class SinhFixed(torch.autograd.Function):
@@ -100,6 +200,20 @@ class SinhFixed(torch.autograd.Function):
             return None
         return grad_out * x.cosh()
 '''),
+    right("sinh_intermediates", "set_materialize_grads(False), skipping the gradients that are None",
+          source=_SINH_INTERMEDIATES.format(
+              forward="ctx.set_materialize_grads(False)\n        " + _TUTORIAL_FORWARD,
+              backward="expx, expnegx = ctx.saved_tensors\n        grad_x = None\n"
+                       "        for g, d in ((grad_out, (expx + expnegx) / 2), (grad_expx, expx), (grad_expnegx, -expnegx)):\n"
+                       "            if g is not None:\n"
+                       "                grad_x = g * d if grad_x is None else grad_x + g * d\n"
+                       "        return grad_x")),
+    right("sinh_intermediates", "the tutorial's in-place accumulation into its own new tensor",
+          source=_SINH_INTERMEDIATES.format(
+              forward=_TUTORIAL_FORWARD,
+              backward="expx, expnegx = ctx.saved_tensors\n        grad_input = grad_out * (expx + expnegx) / 2\n"
+                       "        grad_input += grad_expx * expx\n        grad_input -= grad_expnegx * expnegx\n"
+                       "        return grad_input")),
     right("cube_backward", "kernel for the grad_out term, needs_input_grad", source='''
 class CubeBackward(torch.autograd.Function):
     @staticmethod
@@ -133,6 +247,6 @@ def hvp(f, x, v):
 '''),
     right("graph_answers", "capitals, spaces and ints", source='''
 graph_answers = {"a": "OUT", "b": 3, "c": " tanhbackward", "d": "CubeBackwardBackward ",
-                 "e": "grad_out", "f": 1, "g": "accumulategrad", "h": 0}
+                 "e": "grad_out", "f": 1, "g": "accumulategrad", "h": 0, "i": 0, "j": " 2"}
 '''),
 ]

@@ -12,13 +12,27 @@ MUTANTS = [
     wrong("saved_by", "counts elements, not bytes",
           ("t.numel() * t.element_size()", "t.numel()")),
     wrong("saved_by", "calls the Function outside the hooks",
-          ("    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):\n        result = fn.apply(*args)\n",
+          ("    with saved_tensors_hooks(pack, lambda t: t):\n        result = fn.apply(*args)\n",
            "    result = fn.apply(*args)\n")),
     wrong("saved_by", "checks the inputs before the outputs",
           ("        if any(memory(t) == memory(o) for o in outputs):\n            kind = \"output\"\n"
            "        elif any(isinstance(a, torch.Tensor) and memory(t) == memory(a) for a in args):\n            kind = \"input\"\n",
            "        if any(isinstance(a, torch.Tensor) and memory(t) == memory(a) for a in args):\n            kind = \"input\"\n"
            "        elif any(memory(t) == memory(o) for o in outputs):\n            kind = \"output\"\n")),
+    # kept_alive
+    wrong("saved_by", "kept_alive counts what a view shows, not the storage it keeps alive",
+          ("blocks[storage.data_ptr()] = storage.nbytes()", "blocks[storage.data_ptr()] = t.numel() * t.element_size()")),
+    wrong("saved_by", "kept_alive counts a storage saved twice twice",
+          ("blocks = {}  # storage address -> its size: each storage once", "blocks = []"),
+          ("blocks[storage.data_ptr()] = storage.nbytes()", "blocks.append(storage.nbytes())"),
+          ("return sum(blocks.values())", "return sum(blocks)")),
+    wrong("saved_by", "kept_alive counts the inputs' and outputs' memory too",
+          ("        if storage.data_ptr() not in theirs:\n            blocks", "        if True:\n            blocks")),
+    wrong("saved_by", "kept_alive tells memory apart by data_ptr(), where a view starts",
+          ("theirs = {t.untyped_storage().data_ptr() for t in", "theirs = {t.data_ptr() for t in"),
+          ("        if storage.data_ptr() not in theirs:", "        if t.data_ptr() not in theirs:")),
+    wrong("saved_by", "kept_alive counts elements, not bytes",
+          ("blocks[storage.data_ptr()] = storage.nbytes()", "blocks[storage.data_ptr()] = storage.nbytes() // t.element_size()")),
     # Sigmoid
     wrong("sigmoid", "saves the intermediate exp(-x) (passes gradcheck)", source='''
 class Sigmoid(torch.autograd.Function):
@@ -46,6 +60,8 @@ class Sigmoid(torch.autograd.Function):
           ("return grad_output * y * (1 - y)", "return grad_output.mul_(y * (1 - y))")),
     wrong("sigmoid", "saves the output detached (breaks double backward)",
           ("ctx.save_for_backward(y)", "ctx.save_for_backward(y.detach())")),
+    wrong("sigmoid", "exp(x) / (1 + exp(x)): inf / inf = nan for large x",
+          ("y = torch.sigmoid(x)", "e = torch.exp(x)\n        y = e / (1 + e)")),
     # Tanh_
     wrong("tanh_inplace", "forgets mark_dirty", ("        ctx.mark_dirty(x)\n", "")),
     wrong("tanh_inplace", "saves a copy of the input (passes gradcheck)", source='''
@@ -69,6 +85,10 @@ class Tanh_(torch.autograd.Function):
            "y = torch.tanh(x)\n        ctx.save_for_backward(y)\n        return y")),
     wrong("tanh_inplace", "modifies the saved tensor in backward",
           ("return grad_output * (1 - y * y)", "return grad_output * (1 - y.pow_(2))")),
+    wrong("tanh_inplace", "(exp(2x) - 1) / (exp(2x) + 1) in place: nan for large x",
+          ("x.tanh_()\n", "e = torch.exp(2 * x)\n        x.copy_((e - 1) / (e + 1))\n")),
+    wrong("tanh_inplace", "multiplies grad_output in place",
+          ("return grad_output * (1 - y * y)", "return grad_output.mul_(1 - y * y)")),
     wrong("tanh_inplace", "stashes the output on ctx",
           ("ctx.save_for_backward(x)  # x now holds the output", "ctx.y = x"), ("(y,) = ctx.saved_tensors", "y = ctx.y")),
     # Sort
@@ -88,6 +108,12 @@ class Tanh_(torch.autograd.Function):
     wrong("sort", "ignores grad_values",
           ("scatter(ctx.dim, indices, grad_values)", "scatter(ctx.dim, indices, torch.ones_like(grad_values))")),
     wrong("sort", "returns the indices as floats", ("return values, indices", "return values, indices.to(x.dtype)")),
+    wrong("sort", "scatters along the last dim, not along ctx.dim",
+          ("scatter(ctx.dim, indices, grad_values)", "scatter(-1, indices, grad_values)")),
+    wrong("sort", "scatters along dim 0, not along ctx.dim",
+          ("scatter(ctx.dim, indices, grad_values)", "scatter(0, indices, grad_values)")),
+    wrong("sort", "allocates the gradient on the CPU",
+          ("torch.zeros_like(grad_values)", "torch.zeros(grad_values.shape, dtype=grad_values.dtype)")),
     # What happens
     wrong("what_happens", "thinks ctx attributes are version-checked", ('"b": "silently wrong"', '"b": "error"')),
     wrong("what_happens", "thinks .data is version-checked", ('"d": "silently wrong"', '"d": "error"')),
@@ -95,20 +121,33 @@ class Tanh_(torch.autograd.Function):
 ]
 
 VARIANTS = [
-    right("saved_by", "sets of storages, t.nbytes, torch.Size shapes", source='''
-def saved_by(fn, *args):
+    right("saved_by", "sets of storages, t.nbytes, torch.Size shapes; kept_alive built on saved tensors' storages",
+          source='''
+def _saved(fn, args):
     seen = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: seen.append(t) or t, lambda t: t):
         out = fn.apply(*args)
     outs = [out] if torch.is_tensor(out) else list(out)
+    return seen, outs
 
-    def storage(t):
-        return t.untyped_storage().data_ptr()
 
+def storage(t):
+    return t.untyped_storage().data_ptr()
+
+
+def saved_by(fn, *args):
+    seen, outs = _saved(fn, args)
     out_mem = {storage(o) for o in outs if torch.is_tensor(o)}
     in_mem = {storage(a) for a in args if torch.is_tensor(a)}
     kinds = lambda t: "output" if storage(t) in out_mem else "input" if storage(t) in in_mem else "intermediate"
     return [(kinds(t), t.shape, t.nbytes) for t in seen]
+
+
+def kept_alive(fn, *args):
+    seen, outs = _saved(fn, args)
+    others = {storage(t) for t in [*outs, *args] if torch.is_tensor(t)}
+    extra = {storage(t): t.untyped_storage() for t in seen if storage(t) not in others}
+    return int(sum(s.size() for s in extra.values()))  # an untyped storage's size is in bytes
 '''),
     right("sigmoid", "computes y in place on its own tensors, derivative y - y*y", source='''
 class Sigmoid(torch.autograd.Function):
