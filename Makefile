@@ -8,8 +8,9 @@ STAMP := $(VENV)/.installed
 # Graphviz's `dot` draws autograd graphs (notebook 07); tests render with it.
 # Bubblewrap sandboxes student code when grading (`make autograde`).
 SYSTEM_TOOLS := dot:graphviz bwrap:bubblewrap
-# The browser tests drive Debian's Chromium with Playwright (no browser download).
-TEST_TOOLS := chromium:chromium
+# The browser tests drive Debian's Chromium with Playwright (no browser download); the
+# PostgreSQL gradebook tests start Debian's server (tests/postgres_server.py finds initdb).
+TEST_TOOLS := chromium:chromium pg_ctlcluster:postgresql
 # A student's own copies of the notebooks (never the tracked course/), and where
 # `make publish` writes the public repository's content.
 WORK ?= work

@@ -36,7 +36,13 @@ def grade(
     feedback: bool = typer.Option(
         False, "--feedback", help="Also write feedback/ (HTML for students, hidden tests removed), as `nbgrader generate_feedback` does."
     ),
-    db: Optional[str] = typer.Option(None, help="Gradebook URL (default: nbgrader's, sqlite:///gradebook.db in the course)."),
+    db: Optional[str] = typer.Option(None, help="Gradebook URL (default: nbgrader's, sqlite:///gradebook.db in the course; "
+                                                "PostgreSQL: postgresql+psycopg://USER@HOST/DATABASE)."),
+    scheduler: Optional[str] = typer.Option(
+        None, help="Grade on a Dask cluster: the scheduler's address (tcp://HOST:8786). Each Dask worker runs as many "
+                   "notebooks at once as it has threads, sandboxed on its machine; this process writes the gradebook "
+                   "(--jobs is then the workers' --nthreads). See docs/scaling.md."
+    ),
     course: Path = typer.Option(Path("."), help="The course root: the folder with nbgrader_config.py and submitted/."),
 ) -> None:
     """Grade the submissions in submitted/STUDENT/ASSIGNMENT/, like `nbgrader autograde`, but fast and safely.
@@ -74,7 +80,7 @@ def grade(
         options.jobs = jobs
     code = 0
     try:
-        summary = run(options)
+        summary = run(options, scheduler=scheduler)
         unsaved = [o for o in summary.outcomes if not o.saved]
         if unsaved:
             typer.echo(f"error: {len(unsaved)} submission(s) could not be saved (see above); run again to grade them",

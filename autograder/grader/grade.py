@@ -31,30 +31,42 @@ class Summary:
     isolation: sandbox.Isolation
 
 
-def grade(options: Options, console: Console | None = None) -> Summary:
-    """Raises GradingError (its message is one line for the instructor)."""
+def grade(options: Options, console: Console | None = None, scheduler: str | None = None) -> Summary:
+    """Raises GradingError (its message is one line for the instructor). `scheduler`: the
+    address of a Dask scheduler whose workers run the notebooks (see cluster.py)."""
     console = console or Console(file=sys.stderr)  # fixed: judges capture sys.stderr while they run
     started = time.monotonic()
-    config = preflight.check(options)
+    config = preflight.check(options, scheduler)
     lock = preflight.Lock(options.root)
     try:
-        return _grade(options, config, console, started)
+        database = preflight.DatabaseLock.take(config)  # a gradebook on a server: one grader there too
+        try:
+            return _grade(options, config, console, started, scheduler)
+        finally:
+            if database is not None:
+                database.release()
     finally:
         lock.release()
 
 
-def _grade(options: Options, config, console: Console, started: float) -> Summary:
+def _grade(options: Options, config, console: Console, started: float, scheduler: str | None) -> Summary:
     # nbgrader runs `alembic` by name to set up a gradebook: the environment's own scripts first
     os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
     # jsonschema (under nbformat) imports the optional rfc3987_syntax where it is installed
     # (JupyterLab brings it), which compiles a grammar: ~1 s, a third of the grader's
     # start-up. Nothing here checks the "iri" formats it adds; marked absent, it is skipped.
     sys.modules.setdefault("rfc3987_syntax", None)
-    console.print(f"Starting {options.jobs} worker{'s' * (options.jobs != 1)} ...")
-    isolation = sandbox.probe(options.sandbox, options.root)
-    for warning in isolation.warnings():
-        console.print(f"[bold red]WARNING[/] {warning}")
-    with Pool(options.jobs, isolation, options.root, options.limits) as pool:
+    if scheduler is not None:  # each Dask worker probes and warns for its own machine
+        from .cluster import ClusterPool
+
+        pool = ClusterPool(scheduler, options, console)
+    else:
+        console.print(f"Starting {options.jobs} worker{'s' * (options.jobs != 1)} ...")
+        isolation = sandbox.probe(options.sandbox, options.root)
+        for warning in isolation.warnings():
+            console.print(f"[bold red]WARNING[/] {warning}")
+        pool = Pool(options.jobs, isolation, options.root, options.limits)
+    with pool:
         from . import course, report  # nbgrader and nbconvert load while the workers warm up
 
         try:
@@ -62,6 +74,8 @@ def _grade(options: Options, config, console: Console, started: float) -> Summar
         except OperationalError as error:
             raise GradingError(f"the gradebook could not be used ({str(error).strip().splitlines()[0][:200]}): if "
                                "formgrader or another program is writing to it, wait and run again", FAILED) from None
+    if scheduler is not None:
+        isolation = pool.isolation
     summary = Summary(outcomes, skipped, time.monotonic() - started, isolation)
     console.print(report.summary(outcomes, skipped, summary.seconds, isolation.summary()))
     if any(o.problems for o in outcomes):

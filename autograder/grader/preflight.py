@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import fcntl
 import getpass
+import hashlib
+import importlib.util
 import json
 import os
 import socket
@@ -65,8 +67,9 @@ def _listed(names: list[str]) -> str:
     return shown + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "") if names else "none"
 
 
-def check(options: Options) -> Config:
-    """The course's configuration, once the options, the course and its gradebook make sense."""
+def check(options: Options, scheduler: str | None = None) -> Config:
+    """The course's configuration, once the options, the course and its gradebook make sense
+    (and, with `scheduler`, Dask's client is installed: the scheduler is reached later)."""
     for name, value, least in (("--timeout", options.limits.timeout, 0), ("--memory", options.limits.memory, 0),
                                ("--jobs", options.jobs, 0)):
         if not value > least:
@@ -93,6 +96,12 @@ def check(options: Options) -> Config:
             raise GradingError(f"no submissions from '{student}' in {submitted}; students who handed in: "
                                f"{_listed(students)}")
     _check_gradebook(config)
+    if scheduler is not None:
+        if not scheduler.strip():
+            raise GradingError("--scheduler needs the address of a Dask scheduler, e.g. tcp://HOST:8786")
+        if importlib.util.find_spec("distributed") is None:
+            raise GradingError("--scheduler needs Dask's `distributed`, which is not installed here: install the "
+                               "grader's environment (`make`, or `pip install -c constraints.txt -e '.[lab]'`)")
     return config
 
 
@@ -108,11 +117,63 @@ def _check_gradebook(config: Config) -> None:
     try:
         dialect.import_dbapi()
     except ImportError as error:
+        if parsed.get_backend_name() == "postgresql" and error.name == "psycopg2":
+            raise GradingError(f"{parsed.drivername}:// means the psycopg2 driver, which is not installed: write "
+                               f"postgresql+psycopg://... to use psycopg 3, which the grader installs (in "
+                               f"nbgrader_config.py too, for formgrader and `nbgrader export`)") from None
         raise GradingError(f"the database driver '{error.name}' that {parsed.drivername}:// needs is not installed "
                            f"here: install it in the grader's environment (`pip install {error.name}`)") from None
     if parsed.get_backend_name() == "sqlite" and parsed.database and not Path(parsed.database).exists():
         raise GradingError(f"there is no gradebook yet ({parsed.database}): release the assignments first "
                            "(`autograder release`, or `nbgrader generate_assignment ASSIGNMENT`)")
+
+
+class DatabaseLock:
+    """One grader per course in a gradebook on a database server, which graders in other
+    course folders (other machines) may share: a PostgreSQL advisory lock named after the
+    course id, held by one connection for the whole run. The server lets go when that
+    connection ends, however the run ends. (SQLite's gradebook lives in the course folder,
+    which `Lock` takes.)"""
+
+    NAME = "autograder grade"  # the holder's application_name starts with it (pg_stat_activity)
+
+    @classmethod
+    def take(cls, config: Config) -> "DatabaseLock | None":
+        url = config.CourseDirectory.get("db_url") or ""
+        return cls(url, config.CourseDirectory.get("course_id") or "") if url.startswith("postgresql") else None
+
+    def __init__(self, url: str, course_id: str) -> None:
+        from sqlalchemy import create_engine, text
+        from sqlalchemy.exc import SQLAlchemyError
+        from sqlalchemy.pool import NullPool
+
+        key = int.from_bytes(hashlib.sha256(f"autograder grade\0{course_id}".encode()).digest()[:8], "big", signed=True)
+        me = f"{self.NAME} {getpass.getuser()}@{socket.gethostname()} pid {os.getpid()}"[:63]
+        self.engine = create_engine(url, poolclass=NullPool, connect_args={"application_name": me})
+        try:
+            self.connection = self.engine.connect()
+            self.connection.execution_options(isolation_level="AUTOCOMMIT")
+            taken = self.connection.execute(text("SELECT pg_try_advisory_lock(:key)"), {"key": key}).scalar()
+            holder = None if taken else self.connection.execute(text(
+                "SELECT a.application_name, a.client_addr, a.backend_start FROM pg_locks l JOIN pg_stat_activity a "
+                "ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
+                "AND l.classid::bigint = (:key >> 32) & 4294967295 AND l.objid::bigint = :key & 4294967295"),
+                {"key": key}).first()
+        except SQLAlchemyError as error:
+            self.engine.dispose()
+            first = str(error).strip().splitlines()[0][:200]
+            raise GradingError(f"the gradebook's database could not be reached ({first}): start the server or "
+                               "correct --db / CourseDirectory.db_url", FAILED) from None
+        if not taken:
+            self.release()
+            since = f", since {holder.backend_start:%Y-%m-%d %H:%M:%S}" if holder and holder.backend_start else ""
+            who = f"`{holder.application_name}`{since}" if holder else "by another `autograder grade`"
+            raise GradingError(f"this course is being graded already in its gradebook's database ({who}); wait for "
+                               "that run to end, or stop it (what it saved stays saved) and run again", BUSY)
+
+    def release(self) -> None:
+        self.connection.close()  # ends the session: the server lets go of the lock
+        self.engine.dispose()
 
 
 class Lock:
