@@ -12,7 +12,7 @@ from autograder.checks import inputs
 from autograder.checks.answers import check_answers
 from autograder.checks.functions import FunctionSpec, check_function
 from autograder.student.report import CheckFailed
-from autograder.exercises.function_basics import check_clipped_relu, check_linear
+from autograder.exercises.function_basics import check_clipped_relu, check_linear, check_polar_to_cartesian
 
 
 def clipped(backward):
@@ -48,8 +48,9 @@ def test_a_correct_function_passes_and_says_what_was_checked(capsys):
 @pytest.mark.parametrize(
     "backward, expected",
     [
-        (lambda ctx, g, x, c: (g * (x > 0), None), "forgets the upper clip"),
-        (lambda ctx, g, x, c: (g * (x < c), None), "forgets the lower bound"),
+        (lambda ctx, g, x, c: (g * (x > 0), None), "wrong above clip=1.5, where the output is the constant clip"),
+        (lambda ctx, g, x, c: (g * (x < c), None), "wrong below 0, where the output is the constant 0"),
+        (lambda ctx, g, x, c: (g * ((x >= 0) & (x <= c)), None), None),  # the kinks included: right
         (lambda ctx, g, x, c: (mask(x, c).double(), None), "ignores grad_output"),
         (lambda ctx, g, x, c: g * mask(x, c), "return exactly one gradient per forward input"),
         (lambda ctx, g, x, c: (g * mask(x, c), torch.zeros(())), "no None returned for the non-tensor argument `clip`"),
@@ -549,3 +550,149 @@ def test_names_are_substituted_for_a_module_class_too():
     with probe.substituted(Layer, {"COURSE_NAME": replacement}) as replaced:
         assert replaced == ["COURSE_NAME"] and Layer()(0) is replacement
     assert Layer()(0) == "the notebook's own"
+
+
+# --- Notebook 03's own checks: the habits it teaches, special points, None handling -------
+
+def test_clipped_relu_rejects_a_stash_on_ctx():
+    class Stashes(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, clip):
+            ctx.x, ctx.clip = x, clip
+            return x.clamp(0, clip)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * mask(ctx.x, ctx.clip), None
+
+    message = str(pytest.raises(CheckFailed, check_clipped_relu, Stashes).value)
+    assert "tensor `ctx.x` (the input `x`" in message and "is stashed on ctx" in message
+
+
+def test_clipped_relu_accepts_any_subgradient_at_the_kinks_but_not_nan():
+    check_clipped_relu(clipped(lambda ctx, g, x, c: (g * ((x >= 0) & (x <= c)), None)))
+    check_clipped_relu(clipped(lambda ctx, g, x, c: (g * ((x > 0) & (x < c)) + 0.5 * g * ((x == 0) | (x == c)), None)))
+
+    def divides(ctx, g, x, c):
+        y = x.clamp(0, c)
+        return g * (y / x) * (y < c), None
+
+    message = str(pytest.raises(CheckFailed, check_clipped_relu, clipped(divides)).value)
+    assert "at the kink x = 0 your gradient is nan" in message and "0/0 = nan" in message
+
+
+def test_clipped_relu_checks_large_inputs():
+    class Blends(torch.autograd.Function):  # inf * 0 far out
+        @staticmethod
+        def forward(ctx, x, clip):
+            ctx.save_for_backward(x)
+            ctx.clip = clip
+            above = (x > clip).to(x.dtype)
+            return torch.relu(x) * (1 - above) + torch.exp(torch.log(torch.tensor(clip, dtype=x.dtype)) + 0 * x) * above + 0 * x.exp()
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * mask(x, ctx.clip), None
+
+    message = str(pytest.raises(CheckFailed, check_clipped_relu, Blends).value)
+    assert "at special points: wrong forward values" in message
+
+
+def _polar_class(backward, materialize=False):
+    class PolarToCartesian(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, r, theta):
+            ctx.set_materialize_grads(materialize)
+            ctx.save_for_backward(r, theta)
+            return r * torch.cos(theta), r * torch.sin(theta)
+
+    PolarToCartesian.backward = staticmethod(backward)
+    return PolarToCartesian
+
+
+def _add(a, b):
+    return b if a is None else a if b is None else a + b
+
+
+def _polar_right(ctx, gx, gy):
+    r, theta = ctx.saved_tensors
+    gr = gt = None
+    if gx is not None:
+        gr = gx * theta.cos() if ctx.needs_input_grad[0] else None
+        gt = -gx * r * theta.sin() if ctx.needs_input_grad[1] else None
+    if gy is not None:
+        gr = _add(gr, gy * theta.sin()) if ctx.needs_input_grad[0] else None
+        gt = _add(gt, gy * r * theta.cos()) if ctx.needs_input_grad[1] else None
+    return gr, gt
+
+
+def test_polar_right(capsys):
+    check_polar_to_cartesian(_polar_class(_polar_right))
+    check_polar_to_cartesian(_polar_class(_polar_right), shapes=[(), (2, 1, 3)], seed=None)
+    assert "arrives as None and backward then does less" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("student, expected", [
+    (_polar_class(_polar_right, materialize=True), "received zeros as grad_y, not None"),
+    (_polar_class(lambda ctx, gx, gy: _polar_right(ctx, gx if gx is not None else torch.zeros_like(ctx.saved_tensors[0]),
+                                                   gy if gy is not None else torch.zeros_like(ctx.saved_tensors[0]))),
+     "With grad_y None it should run fewer"),
+    (_polar_class(lambda ctx, gx, gy: (gx * ctx.saved_tensors[1].cos() + gy * ctx.saved_tensors[1].sin(),
+                                       ctx.saved_tensors[0] * (gy * ctx.saved_tensors[1].cos() - gx * ctx.saved_tensors[1].sin()))),
+     "backward received None as a gradient"),
+])
+def test_polar_names_each_mistake_with_none(student, expected):
+    message = str(pytest.raises(CheckFailed, check_polar_to_cartesian, student).value)
+    assert expected in message
+
+
+def test_polar_names_a_gradient_nobody_needs():
+    def always(ctx, gx, gy):
+        r, theta = ctx.saved_tensors
+        gr = gt = None
+        if gx is not None:
+            gr, gt = gx * theta.cos(), -gx * r * theta.sin()
+        if gy is not None:
+            gr, gt = _add(gr, gy * theta.sin()), _add(gt, gy * r * theta.cos())
+        return gr, gt
+
+    message = str(pytest.raises(CheckFailed, check_polar_to_cartesian, _polar_class(always)).value)
+    assert "when only `r` requires grad, backward still returned a gradient for `theta`" in message
+
+
+def test_polar_verdicts_are_the_same_in_the_grader():
+    from autograder.checks.remote import Remote, loopback
+
+    def verdict(student):
+        try:
+            check_polar_to_cartesian(student)
+        except CheckFailed as failure:
+            return str(failure)
+        return None
+
+    for student in (_polar_class(_polar_right), _polar_class(_polar_right, materialize=True)):
+        assert verdict(Remote("PolarToCartesian", loopback({"PolarToCartesian": student}))) == verdict(student)
+
+
+def test_linear_with_a_batch_of_one_and_one_output_feature():
+    def linear(squeeze: bool):
+        class Linear(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, input, weight, bias=None):
+                ctx.save_for_backward(input, weight)
+                out = input @ weight.T
+                return out if bias is None else out + bias
+
+            @staticmethod
+            def backward(ctx, g):
+                input, weight = ctx.saved_tensors
+                need = ctx.needs_input_grad
+                gb = g.sum(0).squeeze() if squeeze else g.sum(0)
+                return g @ weight if need[0] else None, g.T @ input if need[1] else None, gb if need[2] else None
+
+        return Linear
+
+    check_linear(linear(squeeze=False))
+    message = str(pytest.raises(CheckFailed, check_linear, linear(squeeze=True)).value)
+    assert "the gradient for `bias` has shape () but `bias` has shape (1,)" in message

@@ -303,3 +303,33 @@ def failure_with(fn, rule, x) -> str:
     with pytest.raises(CheckFailed) as info:
         check_saved(fn, rule, (x,), copy=True)
     return str(info.value)
+
+
+def test_a_rule_without_expected_roles_accepts_anything_saved_but_no_stash():
+    def saves_a_mask(ctx, x):
+        ctx.save_for_backward(x > 0, x)
+        return x.relu()
+
+    rule = SaveRule(name="ReLU", expected=None, fix="")
+    check_saved(function(saves_a_mask, lambda ctx, g: g * ctx.saved_tensors[0]), rule, (leaf(3),))
+
+    def stashes(ctx, x):
+        ctx.x = x
+        return x.relu()
+
+    assert "is stashed on ctx" in failure(function(stashes, lambda ctx, g: g * (ctx.x > 0)), rule)
+
+    def zeroes_grad_output(ctx, g):
+        (mask, _) = ctx.saved_tensors
+        g[~mask] = 0
+        return g
+
+    assert "backward modified grad_output in place" in failure(function(saves_a_mask, zeroes_grad_output), rule)
+
+
+def test_backward_left_alone_is_public_for_other_checks():
+    from autograder.checks.saved import check_backward_left_alone
+
+    recording, backward = observe(function(saves_output, modifies_saved), (leaf(3),))
+    with pytest.raises(CheckFailed, match="backward modified a saved tensor in place"):
+        check_backward_left_alone("Exp", recording, backward, Names(args=["x"]))

@@ -179,6 +179,15 @@ def gradient_cause(
     def close(a: torch.Tensor, b: torch.Tensor) -> bool:
         return bool(torch.allclose(a, b, rtol=rtol, atol=atol))
 
+    broken = ~torch.isfinite(actual) & torch.isfinite(expected)
+    if bool(broken.any()):
+        index = tuple(int(i) for i in broken.nonzero()[0])
+        value = actual[index].item()
+        return (
+            f"your gradient is {value} at index {index}, where the right one is finite: a formula that divides by "
+            "zero or overflows at that input (look at the inputs there: a 0, or a large value). Write it so that "
+            "it stays finite wherever the function is differentiable."
+        )
     if expected_with_ones is not None and close(actual, expected_with_ones):
         return (
             "backward ignores grad_output: the chain rule multiplies your local derivative "

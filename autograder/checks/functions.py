@@ -140,7 +140,7 @@ def _agree(student: Any, spec: FunctionSpec, args: tuple, names: list[str], gene
 
     wrt_names = [n for n, a in zip(labels, args) if probe.differentiable(a)]
     _compare_grads(spec, args, wrt_names, expected.grads[0], actual.grads[0], expected.grads[1],
-                   shown + [f"grad_output = {show(grad_outputs[0][0])}"])
+                   shown + _given(grad_outputs[0]))
     if len(actual.grads) > 1:  # the expanded grad_output of ones: the same gradient, laid out otherwise
         _compare_grads(spec, args, wrt_names, expected.grads[1], actual.grads[1], None,
                        shown + ["grad_output = ones, expanded (as `y.sum().backward()` passes it)"])
@@ -201,16 +201,22 @@ def _agree_in_part(student: Any, spec: FunctionSpec, args: tuple, names: list[st
             when = f"when only {needing} {'requires' if len(subset) == 1 else 'require'} grad"
         else:
             when = f"when only output {only} is used (the other outputs get no gradient)"
-        shown = _describe(part, names) + [f"({when})"]
+        shown = _describe(part, names)
         if actual.error:
             _fail_error(spec, actual.error, names, shown, part, layout=_failed_layout(actual), when=when)
         _check_grad_outputs_left_alone(spec, actual, shown)
         wrt_names = [labels[i] for i in subset]
-        given = next(v for v in grad_outputs[0] if v is not None)
         _compare_grads(spec, part, wrt_names, expected.grads[0], actual.grads[0], None,
-                       shown + [f"grad_output = {show(given)}"], when=when)
+                       shown + _given(grad_outputs[0]), when=when)
     return ({"each combination of inputs requiring grad"} if len(slots) > 1 else set()) | (
         {"each output used alone"} if n_outs > 1 else set())
+
+
+def _given(grad_outputs: list) -> list[str]:
+    """The grad_outputs of one backward, for a message (one per output; None: not used)."""
+    if len(grad_outputs) == 1:
+        return [f"grad_output = {show(grad_outputs[0])}"]
+    return [f"grad_output {k} = {'None (output not used)' if v is None else show(v)}" for k, v in enumerate(grad_outputs)]
 
 
 def _describe(args: tuple, names: list[str]) -> list[str]:
@@ -226,7 +232,8 @@ def _fail_error(spec: FunctionSpec, error: probe.ProbeError, names: list[str], s
     __tracebackhide__ = True
     what, cause = explain.error(error.stage, error.type, error.message, _labels(names, len(args)) if args else names,
                                 arg_shapes=_shapes(args))
-    given = f" (given {LAYOUT_WORDS[layout]})" if layout in LAYOUT_WORDS and error.stage == "backward" else ""
+    about_layout = any(w in error.message for w in ("view size", "contiguous", "stride", "memory location"))
+    given = f" (given {LAYOUT_WORDS[layout]})" if layout in LAYOUT_WORDS and about_layout else ""
     fail(f"{spec.name}: {what}{given}{' ' + when if when else ''}.", *shown, cause=cause)
 
 

@@ -32,6 +32,7 @@ class _Recorder(TorchFunctionMode):
 class BackwardRecord:
     calls: Counter[str] = field(default_factory=Counter)  # torch functions called, by name
     returned: list[Any] = field(default_factory=list)  # what each backward call returned
+    received: list[list[bool]] = field(default_factory=list)  # per call: which gradients were None
 
     @property
     def matmuls(self) -> int:
@@ -51,6 +52,7 @@ def backward_calls(function: type[torch.autograd.Function]) -> Iterator[Backward
     backward = original.__func__ if isinstance(original, staticmethod) else original
 
     def recorded(ctx, *grads):
+        record.received.append([g is None for g in grads])
         with _Recorder(record.calls):
             result = backward(ctx, *grads)
         record.returned.append(result)
@@ -73,29 +75,32 @@ class BackwardFacts:
     calls: Counter[str]  # torch functions called, by name
     returned: list[list[int] | str | None]  # per returned value: its shape, None, or its type's name
     error: probe.ProbeError | None = None
+    received_none: list[bool] = field(default_factory=list)  # per gradient it received: was it None
 
     @property
     def matmuls(self) -> int:
         return sum(n for name, n in self.calls.items() if name in MATMULS)
 
 
-def record_backward(function: type[torch.autograd.Function], args: tuple) -> BackwardFacts:
+def record_backward(function: type[torch.autograd.Function], args: tuple, used: list[int] | None = None) -> BackwardFacts:
     """Apply `function` to `args` (tensors keep their requires_grad), run backward with
-    gradients of ones, and report what its backward did.
+    gradients of ones for its outputs (for the outputs numbered in `used` only, if given:
+    the others are left unused), and report what its backward did.
 
     Gathered in the student's process: a grader can only take it as best effort.
     """
-    data = probe.invoke(_record_backward, function, tuple(args))
+    data = probe.invoke(_record_backward, function, tuple(args), used)
     try:
         calls = Counter({str(k): int(v) for k, v in data["calls"].items()})
         returned = [r if r is None or isinstance(r, str) else [int(n) for n in r] for r in data["returned"]]
-        return BackwardFacts(calls, returned, probe.ProbeError.from_data(data["error"]))
+        received = [bool(r) for r in data.get("received_none", [])]
+        return BackwardFacts(calls, returned, probe.ProbeError.from_data(data["error"]), received)
     except (AttributeError, KeyError, TypeError, ValueError) as bad:
         raise probe.Malformed(f"malformed backward facts: {bad}") from None
 
 
 @probe.procedure
-def _record_backward(function: type[torch.autograd.Function], args: tuple) -> dict:
+def _record_backward(function: type[torch.autograd.Function], args: tuple, used: list | None = None) -> dict:
     if not (isinstance(function, type) and issubclass(function, torch.autograd.Function)):
         error = probe.ProbeError("forward", "TypeError", f"{function!r} is not a torch.autograd.Function")
         return {"calls": {}, "returned": [], "error": asdict(error)}
@@ -103,6 +108,8 @@ def _record_backward(function: type[torch.autograd.Function], args: tuple) -> di
     try:
         with backward_calls(function) as record:
             outs = [o for o in probe.outputs_of(function.apply(*args)) if probe.differentiable(o) and o.requires_grad]
+            if used is not None:
+                outs = [o for k, o in enumerate(outs) if k in used]
             stage = "backward"
             wrt = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
             torch.autograd.grad(outs, wrt, [torch.ones_like(o) for o in outs], allow_unused=True)
@@ -112,4 +119,5 @@ def _record_backward(function: type[torch.autograd.Function], args: tuple) -> di
     first = record.returned[0] if record.returned else ()
     first = first if isinstance(first, tuple) else (first,)
     returned = [None if g is None else list(g.shape) if isinstance(g, torch.Tensor) else type(g).__name__ for g in first]
-    return {"calls": dict(record.calls), "returned": returned, "error": None}
+    received = record.received[0] if record.received else []
+    return {"calls": dict(record.calls), "returned": returned, "error": None, "received_none": received}
