@@ -17,6 +17,7 @@ from grading import exercises, namespace
 
 from autograder import authoring
 from autograder.checks.remote import Remote, loopback
+from autograder.exercises import higher_order_and_fusion as checks02
 from autograder.exercises import tape_autograd as checks
 from autograder.student import probe
 from autograder.student import tape as student_tape
@@ -28,8 +29,8 @@ CALLS = {
     "grad": lambda get: checks.check_grad(get("grad")),
     "more_ops": lambda get: checks.check_ops(*(get(f"operator_{o}") for o in MORE)),
     "topological_order": lambda get: checks.check_topological_order(get("topological_order")),
-    "hvp": lambda get: checks.check_hvp(get("hvp")),
-    "exp_mul": lambda get: checks.check_exp_mul(get("operator_exp_mul")),
+    "hvp": lambda get: checks02.check_hvp(get("hvp")),
+    "exp_mul": lambda get: checks02.check_exp_mul(get("operator_exp_mul")),
 }
 # The hidden checks, which judge more (random programs, fresh values).
 HIDDEN = {
@@ -38,8 +39,8 @@ HIDDEN = {
     "more_ops": lambda get: checks.check_ops_on_programs(*(get(f"operator_{o}") for o in MORE[:3]), programs=4, seed=None),
     "topological_order": lambda get: checks.check_topological_order(get("topological_order"), programs=3, seed=None,
                                                                     deep=False),
-    "hvp": lambda get: checks.check_hvp(get("hvp"), seed=None),
-    "exp_mul": lambda get: checks.check_exp_mul(get("operator_exp_mul"), programs=4, seed=None),
+    "hvp": lambda get: checks02.check_hvp(get("hvp"), seed=None),
+    "exp_mul": lambda get: checks02.check_exp_mul(get("operator_exp_mul"), programs=4, seed=None),
 }
 
 # What the message of each wrong answer must say (a piece of the likely cause).
@@ -53,6 +54,10 @@ EXPECTED = {
     "never skips entries without gradient": "skip the entry",
     "adds on .value": "accumulate with Variable addition",
     "does not skip None input gradients": "None means 'known to be zero'",
+    "skips an entry when any output gradient is None": "Skip the entry only when *all* of them are None",
+    "skips an entry when its first output gradient is None": "one gradient per output",
+    "zeros for inputs L does not depend on": "but L does not depend on v2: expected None",
+    "walks the tape even when an order is given": "when `order` is given, walk those entries",
     "exp recomputed from .value": "computed with Variable operations",
     "cos derivative without the minus": "wrong sign",
     "matmul factors in the wrong order": "let the shapes guide you",
@@ -69,6 +74,10 @@ EXPECTED = {
     "ignores the gradient arriving at t": "None for an output that has none",
     "adds None gradients": "None means 'known to be zero'",
     "gradient of b uses b": "operator_exp_mul: the gradient for `b` is wrong",
+    "a fresh Variable of t inside propagate": "a new `Variable(...)` made from a tensor is an escaped value too",
+    "recomputes t from a.value inside propagate": "a new `Variable(...)` made from a tensor is an escaped value too",
+    "materialises zeros for None gradients": "an incoming None was turned into a tensor of zeros",
+    "zeros instead of None for b": "it is known to be zero: expected None",
 }
 SLUGS = {"01_tape_autograd": tape_autograd, "02_higher_order_and_fusion": higher_order_and_fusion}
 MODES = ["local", "remote"]
@@ -205,6 +214,18 @@ def test_stand_in_questions_are_answered_with_torchs_gradients_to_second_order()
         # a student's seed may be an integer (Variable(torch.tensor(1))): as good as a float
         gx, gy = probe.ask(_question(grads=[torch.tensor([1, 2, 3])]))
         assert torch.equal(gx, torch.tensor([4.0, 10.0, 18.0], dtype=torch.float64)) and gy.dtype == torch.float64
+
+
+def test_the_two_output_test_entry_is_answered_for_each_pattern_of_output_gradients():
+    """pair(x, w) = (x * w, x + w), the grad checks' entry with two outputs."""
+    x, y, g = (torch.tensor(v, dtype=torch.float64) for v in ([1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [0.5, -1.0, 2.0]))
+    with checks.answering({"pair"}):
+        gx, gy = probe.ask(_question("pair", grads=[g, None]))
+        assert torch.equal(gx, g * y) and torch.equal(gy, g * x)
+        gx, gy = probe.ask(_question("pair", grads=[None, g]))
+        assert torch.equal(gx, g) and torch.equal(gy, g)
+        with pytest.raises(checks.Refused):
+            probe.ask(_question("pair", grads=[g]))  # one gradient per output
 
 
 BAD_QUESTIONS = {

@@ -43,11 +43,17 @@ TORCH_OPS: dict[str, tuple[int, Callable[..., torch.Tensor]]] = {
     "cos": (1, torch.cos),
     "matmul": (2, torch.matmul),
     "exp_mul": (2, lambda a, b: a.exp() * b),
-    # Entries of the grad checks: first(x, w) = x, whose w gets no gradient (None); and an
-    # entry recorded after the loss, whose propagate must never run.
+    # Entries of the grad checks: first(x, w) = x, whose w gets no gradient (None); an
+    # entry whose outputs lead nowhere, whose propagate must never run; and pair(x, w) =
+    # (x * w, x + w), one entry with two outputs.
     "first": (2, lambda a, b: a * 1),
     "sentinel": (1, lambda a: a * 2),
+    "pair": (2, lambda a, b: (a * b, a + b)),
 }
+# Operations with more than one output (their forward returns a tuple).
+OUTPUTS: dict[str, int] = {"pair": 2}
+# Entries of the grad checks' programs that are no operation of the notebooks.
+TEST_OPS = ("first", "sentinel", "pair")
 # The operations the notebooks define as `operator_<name>` (and a transcript replaces).
 NOTEBOOK_OPS = ("neg", "add", "mul", "sum", "expand", "t", "exp", "sin", "cos", "matmul")
 
@@ -93,10 +99,15 @@ class Program:
 
 
 def run_program(program: Program, leaves: list, ops: dict[str, Callable[..., Any]]) -> list:
+    """The pool of values: the leaves, then each step's outputs (one, or all of a tuple)."""
     pool = list(leaves)
     for op, args in program.steps:
         extra = (program.size,) if op == "expand" else ()
-        pool.append(ops[op](*[pool[i] for i in args], *extra))
+        result = ops[op](*[pool[i] for i in args], *extra)
+        if isinstance(result, tuple):
+            pool.extend(result)
+        else:
+            pool.append(result)
     return pool
 
 
@@ -132,7 +143,7 @@ class Tape:
     def ops(self) -> dict[str, Callable[..., Any]]:
         """The notebook's operations (the student's or stand-ins), plus those of the grad checks."""
         found = {name: self.ns[f"operator_{name}"] for name in (*NOTEBOOK_OPS, "exp_mul") if f"operator_{name}" in self.ns}
-        return {**found, "first": stand_in(self, "first"), "sentinel": self._sentinel}
+        return {**found, "first": stand_in(self, "first"), "sentinel": self._sentinel, "pair": self._pair}
 
     def _sentinel(self, a):
         def must_not_run(dL_doutputs):
@@ -141,6 +152,17 @@ class Tape:
         r = self.Variable(TORCH_OPS["sentinel"][1](a.value))
         self.record("sentinel", [a], [r], must_not_run)
         return r
+
+    def _pair(self, a, b):
+        """One entry with two outputs; its propagate gets one gradient per output (None for
+        an output without one) and asks the judging side, like a stand-in's."""
+        outputs = [self.Variable(v) for v in TORCH_OPS["pair"][1](a.value, b.value)]
+
+        def propagate(dL_doutputs):
+            return _ask(self, "pair", None, 0, [a, b], (True, True), dL_doutputs)
+
+        self.record("pair", [a, b], outputs, propagate)
+        return tuple(outputs)
 
     @contextlib.contextmanager
     def isolated(self, keep: Sequence[str] = (), recorder: "Recorder | None" = None) -> Iterator["Tape"]:
@@ -398,9 +420,12 @@ def _entry_case(tape: Tape, recorder: "Recorder", case: dict) -> dict:
 
 
 @probe.procedure
-def program_transcript(grad: Callable[..., Any], keep: list, program: tuple, xs: list) -> dict:
+def program_transcript(grad: Callable[..., Any], keep: list, program: tuple, xs: list, walk: str = "tape") -> dict:
     """A program on the student's tape, walked by the student's `grad`: the gradients of its
-    loss and, when all went well, of the squared norm of those gradients."""
+    loss and, when all went well, of the squared norm of those gradients.
+
+    With walk="order", grad is given the entries to walk (`order=`, the tape's entries
+    newest first) and an empty tape: first order only."""
     out: dict = {"error": None, "skipped_entry_called": False, "grads": None, "second": None}
     try:
         tape = Tape(grad)
@@ -415,6 +440,11 @@ def program_transcript(grad: Callable[..., Any], keep: list, program: tuple, xs:
             vs = [tape.var(x) for x in xs]
             L0 = loss_of(prog, run_program(prog, vs, ops), ops["sum"])
             stage = "backward"
+            if walk == "order":
+                order = list(reversed(tape.tape))
+                tape.tape.clear()
+                out["grads"] = _as_records(grad(L0, vs, order=order))
+                return out
             grads = grad(L0, vs)
             out["grads"] = _as_records(grads)
             live = [g for g in grads if _is_variable(g)]

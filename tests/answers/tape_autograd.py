@@ -3,6 +3,8 @@ from . import right, wrong
 
 MUL = "return [dL_dr * rhs, dL_dr * self]"
 ACCUMULATE = "dL_d[name] = dL_d[name] + dL_dinput if name in dL_d else dL_dinput"
+SKIP = "if all(g is None for g in dL_doutputs):"
+RESULT = "return [dL_d.get(x.name) for x in desired_results]"
 
 MUTANTS = [
     wrong("basic_ops", "mul gradients swapped", (MUL, "return [dL_dr * self, dL_dr * rhs]")),
@@ -19,6 +21,12 @@ MUTANTS = [
     wrong("grad", "adds on .value", (ACCUMULATE, "dL_d[name] = Variable(dL_d[name].value + dL_dinput.value) if name in dL_d else dL_dinput")),
     wrong("grad", "does not skip None input gradients",
           ("            if dL_dinput is None:\n                continue\n", "")),
+    # Issue 16: promises of the text that no check enforced (each kept its points before).
+    wrong("grad", "skips an entry when any output gradient is None", (SKIP, "if any(g is None for g in dL_doutputs):")),
+    wrong("grad", "skips an entry when its first output gradient is None", (SKIP, "if dL_doutputs[0] is None:")),
+    wrong("grad", "zeros for inputs L does not depend on",
+          (RESULT, "return [dL_d.get(x.name, Variable(torch.zeros_like(x.value))) for x in desired_results]")),
+    wrong("grad", "walks the tape even when an order is given", ("for entry in entries:", "for entry in reversed(gradient_tape):")),
     wrong("more_ops", "exp recomputed from .value", ("return [dL_dr * r]", "return [dL_dr * Variable(self.value.exp())]")),
     wrong("more_ops", "cos derivative without the minus", ("return [-(dL_dr * self.sin())]", "return [dL_dr * self.sin()]")),
     wrong("more_ops", "matmul factors in the wrong order",
@@ -117,6 +125,20 @@ def grad(L, desired_results, order=None):
             if g is not None:
                 dL_d[name] = g if name not in dL_d else g + dL_d[name]
     return [dL_d.get(x.name, None) for x in desired_results]
+'''),
+    right("grad", "counts the live output gradients, walks a list copy of `entries`", source='''
+def grad(L, desired_results, order=None):
+    entries = reversed(gradient_tape) if order is None else order
+    totals = {L.name: Variable(torch.ones_like(L.value))}
+    for entry in list(entries):
+        arriving = [totals.get(name, None) for name in entry.outputs]
+        if sum(g is not None for g in arriving) == 0:
+            continue
+        for name, g in zip(entry.inputs, entry.propagate(arriving)):
+            if g is None:
+                continue
+            totals[name] = totals[name] + g if name in totals else g
+    return [totals[x.name] if x.name in totals else None for x in desired_results]
 '''),
     right("more_ops", "output-based exp, transposes taken differently", source='''
 def operator_exp(self):
