@@ -123,6 +123,9 @@ def test_exercises_are_graded_independently():
     ("ignores eps", "not at the `eps` you were given"),
     ("perturbs the caller's tensors", "changed input 0 of the caller"),
     ("uses autograd instead of finite differences", "come from backward (autograd)"),
+    ("copies keep a transposed input's layout: its flat view fails", "a flat view needs contiguous memory"),
+    ("flattens with reshape, a copy for a transposed input: its rows stay zero", "quietly returns a copy"),
+    ("loops over len(x): only the first dim, and fails on a 0-d input", "`len(x)` counts only its first dimension"),
 ])
 def test_numerical_jacobian_messages_name_the_mistake(label, words):
     assert words in failure("numerical_jacobian", mutant(label))
@@ -142,6 +145,7 @@ def test_numerical_jacobian_messages_name_the_mistake(label, words):
     ("does not pass eps on", "pass `eps` on to numerical_jacobian"),
     ("no allow_unused", "allow_unused=True"),
     ("analytical Jacobian transposed", "the Jacobian is transposed"),
+    ("one-hot grad_output created on the CPU (fails on a GPU)", "Create the one-hot on the output's device"),
 ])
 def test_mini_gradcheck_messages_name_the_mistake(label, words):
     assert words in failure("mini_gradcheck", mutant(label))
@@ -170,6 +174,8 @@ def test_max_gradient_error_messages_name_the_mistake(label, words):
     ("sincos", "fixed Function still has the bug", "adds both paths"),
     ("sincos", "ignores grad_output", "backward ignores grad_output"),
     ("lerp", "fixed Function still has the bug", "d lerp / d start = 1 - weight"),
+    ("softmax", "Jacobian matrix, then .squeeze(): drops a batch of one", "has shape (5,) but `x` has shape (1, 5)"),
+    ("softmax", "sums without keepdim", "must match the size"),
 ])
 def test_fixed_function_messages(exercise, label, words):
     assert words in failure(exercise, mutant(label, exercise))
@@ -233,7 +239,12 @@ CHECKED = {  # exercise: (check, the notebook names it is given)
     ("numerical_jacobian", None, None),
     ("numerical_jacobian", "forward difference instead of central", "forward difference"),
     ("numerical_jacobian", "perturbs the caller's tensors", "changed input 0 of the caller"),
+    ("numerical_jacobian", "flattens with reshape, a copy for a transposed input: its rows stay zero",
+     "quietly returns a copy"),
+    ("numerical_jacobian", "copies keep a transposed input's layout: its flat view fails",
+     "a flat view needs contiguous memory"),
     ("mini_gradcheck", None, None),
+    ("mini_gradcheck", "one-hot grad_output created on the CPU (fails on a GPU)", "on the output's device"),
     ("mini_gradcheck", "reports row and column swapped", "row and column are swapped"),
     ("mini_gradcheck", "does not report the offending entry", "raise JacobianMismatch(output, input, row, col"),
     ("mini_gradcheck", "ignores rtol", "torch's gradcheck passes"),
@@ -272,6 +283,20 @@ def test_unimplemented_answers_say_so_in_the_grader_too(capsys):
     remote, _ = _outcome(checks.check_mini_gradcheck,
                          [Remote("mini_gradcheck", loopback(ns)), checks.analytical_jacobian], capsys)
     assert remote == message
+
+
+def test_a_transposed_input_reaches_the_students_code_not_contiguous():
+    seen = []
+
+    def numerical_jacobian(f, inputs, eps=1e-6):
+        seen.append([x.is_contiguous() for x in inputs])
+        return checks.numerical_jacobian(f, inputs, eps)
+
+    for student in (numerical_jacobian, Remote("numerical_jacobian", loopback({"numerical_jacobian": numerical_jacobian}))):
+        seen.clear()
+        with quiet():
+            checks.check_numerical_jacobian(student)
+        assert [False, True] in seen  # the wire format alone would make it contiguous
 
 
 def test_functions_handed_to_student_code_cross_by_name():

@@ -75,10 +75,11 @@ class Case:
     inputs: tuple[torch.Tensor, ...]
     options: dict = field(default_factory=dict)  # eps, atol, rtol for mini_gradcheck
     cause: str | None = None  # the likely mistake when a verdict differs from torch's
+    strided: tuple[int, ...] = ()  # inputs the student's code gets not contiguous (transposed views)
 
     def on(self, device: str) -> "Case":
         moved = tuple(x.to(device).requires_grad_() for x in self.inputs)
-        return Case(self.name, self.f, moved, self.options, self.cause)
+        return Case(self.name, self.f, moved, self.options, self.cause, self.strided)
 
     def describe(self) -> list[str]:
         return [f"{self.name}, inputs: " + ", ".join(show(x) for x in self.inputs)]
@@ -91,7 +92,8 @@ def _uniform(generator: torch.Generator, *shape: int, low: float = -1.0, high: f
 def _jacobian_cases(generator: torch.Generator) -> list[Case]:
     """A Function whose backward is wrong (finite differences must not use it; first, so
     that a Jacobian taken from backward is recognised), elementwise, matmul, a triangular
-    (square, not symmetric) Jacobian, and two outputs."""
+    (square, not symmetric) Jacobian, two outputs, a 0-d input, and an input that is not
+    contiguous (a transposed view: a flat view of it needs a contiguous copy)."""
     g = generator
     return [
         Case("ExpWithWrongBackward (a Function whose backward is wrong)", gradcheck.EXP_WITH_WRONG_BACKWARD, (_uniform(g, 3),)),
@@ -99,6 +101,9 @@ def _jacobian_cases(generator: torch.Generator) -> list[Case]:
         Case("x @ w", gradcheck.MATMUL, (_uniform(g, 2, 3), _uniform(g, 3, 2))),
         Case("sin(x).cumsum(0)", gradcheck.SIN_CUMSUM, (_uniform(g, 4),)),
         Case("(x * y, (x - y).pow(2).sum())", gradcheck.PRODUCT_AND_DISTANCE, (_uniform(g, 3), _uniform(g, 3))),
+        Case("s * x.cumsum(0), s a 0-d tensor", gradcheck.SCALED_CUMSUM, (_uniform(g, 3), _uniform(g))),
+        Case("x @ w, x a transposed view (not contiguous)", gradcheck.MATMUL, (_uniform(g, 2, 3), _uniform(g, 3, 2)),
+             strided=(0,)),
     ]
 
 
@@ -142,14 +147,15 @@ class Outcome:
 
 def _attempt(
     student: Any, f: Callable, inputs: Any, *rest: Any,
-    options: dict | None = None, torch_numerical_jacobian: bool = False,
+    options: dict | None = None, torch_numerical_jacobian: bool = False, strided: tuple[int, ...] = (),
 ) -> Outcome:
     """`student(f, inputs, *rest, **options)`, quietly; with `torch_numerical_jacobian`,
     torch's own finite differences replace the notebook's numerical_jacobian while it runs
-    (so that exercise 5.2 is graded independently of exercise 5.1)."""
+    (so that exercise 5.2 is graded independently of exercise 5.1); the inputs at the
+    positions in `strided` reach the student's code as transposed views."""
     replacements = {"numerical_jacobian": gradcheck.torch_numerical_jacobian} if torch_numerical_jacobian else {}
     with quiet(), probe.substituted(student, replacements):
-        data = probe.invoke(gradcheck.attempted, student, f, inputs, rest, dict(options or {}))
+        data = probe.invoke(gradcheck.attempted, student, f, inputs, rest, dict(options or {}), tuple(strided))
     if not isinstance(data, dict) or set(data) != {"value", "raised", "inputs"}:
         raise probe.Malformed("malformed outcome")
     if not _same_form(data["inputs"], inputs):
@@ -173,7 +179,15 @@ def _call(label: str, student: Callable, f: Callable, inputs: Any, *rest: Any) -
     return outcome.value
 
 
-def _fail_if_raised(label: str, raised: Raised | None) -> None:
+NOT_CONTIGUOUS = (
+    "input {j} is not contiguous (a transposed view), and a flat view needs contiguous memory: `x.view(-1)` "
+    "refuses it, and `x.reshape(-1)` or `x.flatten()` quietly returns a copy, so writing into it never "
+    "reaches the tensor f sees. Copy each input into contiguous memory first: "
+    "`x.detach().clone(memory_format=torch.contiguous_format)`."
+)
+
+
+def _fail_if_raised(label: str, raised: Raised | None, case: Case | None = None) -> None:
     __tracebackhide__ = True
     if raised is None:
         return
@@ -181,7 +195,9 @@ def _fail_if_raised(label: str, raised: Raised | None) -> None:
     if "does not require grad" in raised.message or "appears to not have been used" in raised.message:
         cause = ("an output that does not depend on an input gives no gradient: pass "
                  "`allow_unused=True` to torch.autograd.grad and treat None as zeros.")
-    fail(f"{label}: {what}.", cause=cause)
+    if "view size is not compatible" in raised.message and case is not None and case.strided:
+        cause = NOT_CONTIGUOUS.format(j=case.strided[0])
+    fail(f"{label}: {what}.", *(case.describe() if case is not None else []), cause=cause)
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float) -> bool:
@@ -227,6 +243,14 @@ def _compare_jacobians(
         got = got.detach().cpu()
         if not _close(got, want, rtol, atol):
             cause = _known_mistake(actual, candidates, rtol=rtol, atol=atol)
+            if cause is None and not bool(got.any()) and j in case.strided:
+                cause = NOT_CONTIGUOUS.format(j=j)
+            first = len(case.inputs[j]) if case.inputs[j].dim() else 0  # entries a loop over len(x) reaches
+            if cause is None and 0 < first < got.shape[0] and _close(got[:first], want[:first], rtol, atol) \
+                    and not bool(got[first:].any()):
+                cause = (f"only the first {first} rows are filled: input {j} has {got.shape[0]} entries, and "
+                         "`len(x)` counts only its first dimension (and fails on a 0-d tensor). Loop over "
+                         "`x.numel()` entries of a flat view.")
             if cause is None and _close(got, want, 1e-3, 1e-6):
                 cause = ("the values are close to the right ones but not equal: put each perturbed entry back "
                          "before perturbing the next (only one entry may differ from the input at a time), "
@@ -308,8 +332,8 @@ def check_numerical_jacobian(
             for e in eps:
                 label = f"numerical_jacobian(f, inputs, eps={e:g}) for f = {case.name}"
                 before = [x.detach().clone() for x in case.inputs]
-                outcome = _attempt(student, case.f, case.inputs, e)
-                _fail_if_raised(label, outcome.raised)
+                outcome = _attempt(student, case.f, case.inputs, e, strided=case.strided)
+                _fail_if_raised(label, outcome.raised, case)
                 _check_unchanged(label, outcome.inputs, before)
                 _compare_jacobians(
                     label, outcome.value, numerical_jacobian(case.f, case.inputs, e), case,
@@ -317,7 +341,8 @@ def check_numerical_jacobian(
                 )
     passed(
         f"numerical_jacobian agrees with torch's central differences on {len(cases)} functions "
-        f"(a wrong backward, elementwise, matmul, triangular, two outputs) at eps = "
+        f"(a wrong backward, elementwise, matmul, triangular, two outputs, a 0-d input, an input that is not "
+        f"contiguous) at eps = "
         f"{', '.join(f'{e:g}' for e in eps)} (float64, {', '.join(devices.available())})."
     )
     _devices_note()
@@ -407,13 +432,37 @@ def check_mini_gradcheck(mini_gradcheck: Callable, analytical: Callable, *, seed
         for case in (c.on(device) for c in cases):
             _check_verdict(mini_gradcheck, case)
         _check_refuses_float32(mini_gradcheck, cases[0])
+    meta = _analytical_on_meta(analytical, cases[1])
     passed(f"analytical_jacobian agrees with backward on {len(cases)} functions (float64, {', '.join(devices.available())}).")
+    note(meta)
     passed(
         f"mini_gradcheck agrees with torch.autograd.gradcheck on {len(cases)} functions, names the "
         "offending entry, and refuses float32 inputs."
     )
     note("(checked with the reference numerical_jacobian, so this exercise is graded on its own)")
     _devices_note()
+
+
+def _analytical_on_meta(analytical: Callable, case: Case) -> str:
+    """analytical_jacobian on `meta` inputs, standing in for a GPU: a tensor it creates
+    on the CPU (a one-hot grad_output without `device=`) meets the meta outputs in
+    backward. Tensors copied into a CPU Jacobian are not a mistake (on a GPU they copy)."""
+    __tracebackhide__ = True
+    leaves = tuple(torch.empty(x.shape, dtype=x.dtype, device="meta").requires_grad_() for x in case.inputs)
+    outcome = _attempt(analytical, case.f, leaves)
+    raised = outcome.raised
+    if raised is None:
+        return "meta device: analytical_jacobian creates no tensor tied to the CPU."
+    if "expected device" in raised.message or "is not on the expected device" in raised.message:
+        fail(
+            f"analytical_jacobian(f, inputs) for f = {case.name}, with inputs on another device (meta, which "
+            f"stands in for a GPU), raised {raised.type}: {raised.message.strip().splitlines()[0]}",
+            cause="a tensor you create without `device=` lives on the CPU, and backward refuses a grad_output "
+            "on another device than its output: on a GPU this function would fail. Create the one-hot on the "
+            "output's device: `torch.zeros(out.numel(), dtype=out.dtype, device=out.device)`, or "
+            "`torch.zeros_like(out)`.",
+        )
+    return f"meta device: not checked ({raised.type} from an operation meta tensors do not support)."
 
 
 def _options_text(options: dict) -> str:
@@ -576,8 +625,10 @@ def _lerp_hint(args: tuple, i: int, wrong: torch.Tensor) -> str:
             "each gradient is grad_output times its own derivative, returned in the order of forward's inputs.")
 
 
-def _fixed_checker(spec: FunctionSpec, count: int) -> Callable:
-    def check(student: Any, *, shapes: Sequence[Sequence[int]] = ((5,), (3, 4)), seed: int | None = 0) -> None:
+def _fixed_checker(spec: FunctionSpec, count: int, shapes: Sequence[Sequence[int]] = ((5,), (3, 4))) -> Callable:
+    default = shapes
+
+    def check(student: Any, *, shapes: Sequence[Sequence[int]] = default, seed: int | None = 0) -> None:
         __tracebackhide__ = True
         check_function(student, replace(spec, cases=_normal_cases(shapes, count)), seed=seed)
 
@@ -587,7 +638,8 @@ def _fixed_checker(spec: FunctionSpec, count: int) -> Callable:
 
 
 check_softmax = _fixed_checker(
-    FunctionSpec("Softmax", lambda x: torch.softmax(x, -1), _normal_cases([(5,)], 1), hint=_softmax_hint), 1)
+    FunctionSpec("Softmax", lambda x: torch.softmax(x, -1), _normal_cases([(5,)], 1), hint=_softmax_hint), 1,
+    shapes=((5,), (3, 4), (1, 5)))
 check_sincos = _fixed_checker(
     FunctionSpec("SinCos", lambda x: (x.sin(), x.cos()), _normal_cases([(5,)], 1), hint=_sincos_hint), 1)
 check_lerp = _fixed_checker(FunctionSpec("Lerp", torch.lerp, _normal_cases([(5,)], 3), hint=_lerp_hint), 3)

@@ -82,6 +82,7 @@ EXP_1_5X = _handed("exp_1_5x", lambda x: (1.5 * x).exp())
 MATMUL = _handed("matmul", lambda x, w: x @ w)
 SIN_CUMSUM = _handed("sin_cumsum", lambda x: x.sin().cumsum(0))
 PRODUCT_AND_DISTANCE = _handed("product_and_distance", lambda x, y: (x * y, (x - y).pow(2).sum()))
+SCALED_CUMSUM = _handed("scaled_cumsum", lambda x, s: s * x.cumsum(0))
 # mini_gradcheck's functions; one OneWrongEntry per wrong entry (row, col), drawn at random
 TANH = _handed("tanh", lambda x: torch.tanh(x))
 SIN_AND_PRODUCT = _handed("sin_and_product", lambda x, y: (x.sin(), x * y))
@@ -114,11 +115,19 @@ APPROX_SOFTPLUS = _handed("approx_softplus", _elementwise(
 REPORT_FIELDS = ("output", "input", "row", "col", "numerical", "analytical")  # of a JacobianMismatch
 
 
+def transposed_view(x: torch.Tensor) -> torch.Tensor:
+    """`x`'s values, as a leaf laid out in memory like a transposed view (not contiguous)."""
+    return x.detach().mT.contiguous().mT.requires_grad_(x.requires_grad)
+
+
 @probe.procedure
-def attempted(student: Callable, f: Callable, inputs: Any, rest: tuple, options: dict) -> dict:
+def attempted(student: Callable, f: Callable, inputs: Any, rest: tuple, options: dict, strided: tuple = ()) -> dict:
     """Run `student(f, inputs, *rest, **options)`: its value or what it raised, and
-    `inputs` afterwards. Best effort: the exception's type, message and JacobianMismatch
-    fields are as the student's code made them."""
+    `inputs` afterwards; the inputs at the positions in `strided` (2-d) are handed over
+    laid out as transposed views, which no wire format keeps. Best effort: the exception's
+    type, message and JacobianMismatch fields are as the student's code made them."""
+    if strided:
+        inputs = type(inputs)(transposed_view(x) if j in strided else x for j, x in enumerate(inputs))
     value, raised = None, None
     try:
         value = student(f, inputs, *rest, **options)

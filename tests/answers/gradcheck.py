@@ -2,6 +2,7 @@
 from . import right, wrong
 
 CENTRAL = "J[i][j][r] = ((p - m) / (2 * eps)).reshape(-1)"
+COPIES = "inputs = [x.detach().clone(memory_format=torch.contiguous_format) for x in inputs]"
 JACOBIAN_ALLOCATION = "torch.zeros(x.numel(), n, dtype=torch.float64, device=x.device)"
 RAISE = "raise JacobianMismatch(i, j, row, col, n[row, col].item(), a[row, col].item())"
 SOFTMAX_FIX = "return y * (grad_output - (grad_output * y).sum(-1, keepdim=True))"
@@ -22,15 +23,22 @@ MUTANTS = [
           ("J[i][j][r] = ", "J[i][j][:, r] = ")),
     wrong("numerical_jacobian", "Jacobian in float32", (JACOBIAN_ALLOCATION, "torch.zeros(x.numel(), n, device=x.device)")),
     wrong("numerical_jacobian", "evaluates f in float32",
-          ("inputs = [x.detach().clone() for x in inputs]", "inputs = [x.detach().float() for x in inputs]")),
+          (COPIES, "inputs = [x.detach().float() for x in inputs]")),
     wrong("numerical_jacobian", "ignores eps",
           ("flat[r] = original + eps", "flat[r] = original + 1e-6"), ("flat[r] = original - eps", "flat[r] = original - 1e-6"),
           (CENTRAL, "J[i][j][r] = ((p - m) / 2e-6).reshape(-1)")),
     wrong("numerical_jacobian", "forgets to put the entry back",
           ("minus = as_tuple(f(*inputs))\n            flat[r] = original\n", "minus = as_tuple(f(*inputs))\n")),
     wrong("numerical_jacobian", "perturbs the caller's tensors",
-          ("inputs = [x.detach().clone() for x in inputs]", "inputs = [x.detach() for x in inputs]"),
+          (COPIES, "inputs = [x.detach().contiguous() for x in inputs]"),
           ("minus = as_tuple(f(*inputs))\n            flat[r] = original\n", "minus = as_tuple(f(*inputs))\n")),
+    wrong("numerical_jacobian", "copies keep a transposed input's layout: its flat view fails",
+          (COPIES, "inputs = [x.detach().clone() for x in inputs]")),
+    wrong("numerical_jacobian", "flattens with reshape, a copy for a transposed input: its rows stay zero",
+          (COPIES, "inputs = [x.detach().clone() for x in inputs]"),
+          ("flat = x.view(-1)", "flat = x.reshape(-1)")),
+    wrong("numerical_jacobian", "loops over len(x): only the first dim, and fails on a 0-d input",
+          ("for r in range(flat.numel()):", "for r in range(len(x)):")),
     wrong("numerical_jacobian", "uses autograd instead of finite differences", source='''
 def as_tuple(result):
     return tuple(result) if isinstance(result, (tuple, list)) else (result,)
@@ -63,6 +71,9 @@ def numerical_jacobian(f, inputs, eps=1e-6):
            "torch.zeros(x.numel(), out.numel(), device=x.device)")),
     wrong("mini_gradcheck", "does not pass eps on", ("numerical = numerical_jacobian(f, inputs, eps)", "numerical = numerical_jacobian(f, inputs)")),
     wrong("mini_gradcheck", "no allow_unused", ("retain_graph=True, allow_unused=True)", "retain_graph=True)")),
+    wrong("mini_gradcheck", "one-hot grad_output created on the CPU (fails on a GPU)",
+          ("one_hot = torch.zeros(out.numel(), dtype=out.dtype, device=out.device)",
+           "one_hot = torch.zeros(out.numel(), dtype=out.dtype)")),
     wrong("mini_gradcheck", "analytical Jacobian transposed",
           ("torch.zeros(x.numel(), out.numel(), dtype=torch.float64, device=x.device)",
            "torch.zeros(out.numel(), x.numel(), dtype=torch.float64, device=x.device)"),
@@ -76,6 +87,10 @@ def numerical_jacobian(f, inputs, eps=1e-6):
     wrong("softmax", "sums over every dimension", (SOFTMAX_FIX, "return y * (grad_output - (grad_output * y).sum())")),
     wrong("softmax", "ignores grad_output", (SOFTMAX_FIX, "return y * (1 - y)")),
     wrong("softmax", "forgets the factor y", (SOFTMAX_FIX, "return grad_output - (grad_output * y).sum(-1, keepdim=True)")),
+    wrong("softmax", "sums without keepdim", (SOFTMAX_FIX, "return y * (grad_output - (grad_output * y).sum(-1))")),
+    wrong("softmax", "Jacobian matrix, then .squeeze(): drops a batch of one",
+          (SOFTMAX_FIX, "J = torch.diag_embed(y) - y.unsqueeze(-1) * y.unsqueeze(-2)\n"
+                        "        return (J @ grad_output.unsqueeze(-1)).squeeze()")),
     wrong("sincos", "fixed Function still has the bug", (SINCOS_FIX, "return grad_sin * x.cos()")),
     wrong("sincos", "sign of the cosine's derivative", (SINCOS_FIX, "return grad_sin * x.cos() + grad_cos * x.sin()")),
     wrong("sincos", "ignores grad_output", (SINCOS_FIX, "return x.cos() - x.sin()")),
@@ -99,6 +114,18 @@ def numerical_jacobian(f, inputs, eps=1e-6):
 ]
 
 VARIANTS = [
+    right("numerical_jacobian", "contiguous() copies, unravel_index instead of a flat view",
+          (COPIES, "inputs = [x.detach().contiguous().clone() for x in inputs]"),
+          ("        flat = x.view(-1)  # shares memory with x: writing flat[r] changes the input f sees\n"
+           "        for r in range(flat.numel()):\n            original = flat[r].item()\n"
+           "            flat[r] = original + eps\n            plus = as_tuple(f(*inputs))\n"
+           "            flat[r] = original - eps\n            minus = as_tuple(f(*inputs))\n"
+           "            flat[r] = original\n",
+           "        for r in range(x.numel()):\n            at = tuple(int(k) for k in torch.unravel_index(torch.tensor(r), x.shape))\n"
+           "            original = x[at].item()\n"
+           "            x[at] = original + eps\n            plus = as_tuple(f(*inputs))\n"
+           "            x[at] = original - eps\n            minus = as_tuple(f(*inputs))\n"
+           "            x[at] = original\n")),
     right("numerical_jacobian", "perturbed copies instead of in-place writes, rows stacked", source='''
 def as_tuple(result):
     return tuple(result) if isinstance(result, (tuple, list)) else (result,)
@@ -145,6 +172,9 @@ diagnoses = {"a": "Missing term", "b": " float32", "c": "IGNORES grad_output", "
              "e": "Transposed ", "f": "eps too small", "g": "Non-differentiable input"}
 '''),
     right("softmax", "grad_output * y computed once", (SOFTMAX_FIX, "gy = grad_output * y\n        return gy - y * gy.sum(-1, keepdim=True)")),
+    right("softmax", "Jacobian matrix, squeezing only the added dim",
+          (SOFTMAX_FIX, "J = torch.diag_embed(y) - y.unsqueeze(-1) * y.unsqueeze(-2)\n"
+                        "        return (J @ grad_output.unsqueeze(-1)).squeeze(-1)")),
     right("sincos", "addcmul", (SINCOS_FIX, "return torch.addcmul(grad_sin * x.cos(), grad_cos, x.sin(), value=-1)")),
     right("lerp", "lerp towards zero", (LERP_FIX, "return (torch.lerp(grad_output, torch.zeros_like(grad_output), weight), "
                                                   "weight * grad_output, (end - start).mul(grad_output))")),
