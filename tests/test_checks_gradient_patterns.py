@@ -452,3 +452,93 @@ def test_affine_verdicts_are_the_same_remotely(capsys, monkeypatch):
 def test_max_verdict_at_ties_is_the_same_remotely(capsys):
     message, _ = same_remotely(gp.check_max, _max(lambda is_max, dim: is_max), "Max", capsys)
     assert "every tied entry got the whole grad_output" in message
+
+
+# --- the classes of mistakes this quality pass added checks for ---------------------------
+
+def test_gelu_must_be_differentiable_twice():
+    def forward(ctx, x):
+        ctx.save_for_backward(_cdf(x) + x * _pdf(x))  # the derivative, computed in forward
+        return x * _cdf(x)
+
+    message = fails(gp.check_gelu, function(forward, lambda ctx, g: g * ctx.saved_tensors[0]))
+    assert "double backward is wrong" in message and "an intermediate saved in forward" in message
+
+
+def test_gelu_is_checked_at_zero_and_far_out():
+    def forward(ctx, x):
+        y = x * _cdf(x)
+        ctx.save_for_backward(x, y)
+        return y
+
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        return g * (y / x + x * _pdf(x))  # Φ(x) = y / x: 0/0 at x = 0
+
+    message = fails(gp.check_gelu, function(forward, backward))
+    assert "your gradient is nan" in message and "divides by zero" in message
+
+
+def test_batched_matmul_must_take_a_grad_output_that_is_not_contiguous():
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        n, k, m = a.shape[-2], a.shape[-1], b.shape[-1]
+        g3 = g.view(-1, n, m)
+        return torch.bmm(g3, b.reshape(-1, k, m).mT).view(a.shape), torch.bmm(a.reshape(-1, n, k).mT, g3).view(b.shape)
+
+    message = fails(gp.check_batched_matmul, function(_matmul_forward, backward))
+    assert "called `.view` on a tensor that is not contiguous" in message and "`.reshape(...)`" in message
+
+
+def test_affine_is_tried_with_each_combination_of_inputs_requiring_grad():
+    def backward(ctx, g):
+        x, weight = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        return (unbroadcast(g * weight, x.shape) if need[0] else None,
+                unbroadcast(g * x, weight.shape) if need[1] else None,
+                unbroadcast(g, ctx.bias_shape) if need[1] else None)  # the index of weight, copied
+
+    message = fails(gp.check_affine, function(_affine_forward, backward))
+    assert "wrong gradient for `bias` when only `bias` requires grad" in message
+
+
+def test_mean_over_a_dim_of_size_one_and_a_batch_of_one():
+    gp.check_mean(_mean(), specs=[((3, 1, 4), 1, False), ((1, 5), 0, True)])
+
+
+def test_the_pictures_draw(monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from autograder.student import gradient_patterns
+
+    shown = []
+    monkeypatch.setattr(plt, "show", lambda: shown.append(plt.gcf()))
+    gradient_patterns.show_broadcasting()
+    gradient_patterns.show_unbroadcasting()
+    assert len(shown) == 2 and all(len(f.axes[0].patches) > 20 for f in shown)
+    plt.close("all")
+
+
+def test_gelu_verdicts_are_the_same_remotely(capsys):
+    right = _gelu(lambda x: _cdf(x) + x * _pdf(x))
+    message, printed = same_remotely(gp.check_gelu, right, "GELU", capsys)
+    assert message is None and "gradcheck and gradgradcheck pass" in printed
+
+    def forward(ctx, x):
+        ctx.save_for_backward(_cdf(x) + x * _pdf(x))
+        return x * _cdf(x)
+
+    message, _ = same_remotely(gp.check_gelu, function(forward, lambda ctx, g: g * ctx.saved_tensors[0]), "GELU", capsys)
+    assert "double backward is wrong" in message
+
+
+def test_batched_matmul_verdict_is_the_same_remotely(capsys):
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        return (g.reshape(g.shape) @ b.mT), (a.mT @ g.view(g.shape[:-2] + (-1,)).view(g.shape))
+
+    message, _ = same_remotely(gp.check_batched_matmul, function(_matmul_forward, backward), "BatchedMatmul", capsys)
+    assert message is None or "`.view`" in message

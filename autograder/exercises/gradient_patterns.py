@@ -78,18 +78,27 @@ def _gelu_hint(args: tuple, i: int, wrong: torch.Tensor) -> str:
     )
 
 
+# Points where a formula can break although GELU is smooth there: 0 (Φ(x) = y / x is 0/0)
+# and large |x| (exp(x²/2) overflows; Φ(x) is exactly 0 or 1).
+GELU_SPECIAL = (0.0, 40.0, -40.0, 8.0, -8.0)
+
+
 def _gelu_cases(shapes: Sequence[Shape]):
     def cases(generator: torch.Generator) -> list[tuple]:
-        return [(inputs.uniform(s, generator, -4.0, 4.0),) for s in shapes]
+        found = [(inputs.uniform(s, generator, -4.0, 4.0),) for s in shapes]
+        special = torch.tensor(GELU_SPECIAL, dtype=torch.float64)
+        return [*found, (special,)]
 
     return cases
 
 
-GELU = FunctionSpec(name="GELU", reference=F.gelu, cases=_gelu_cases([(7,), (2, 3)]), hint=_gelu_hint)
+GELU = FunctionSpec(name="GELU", reference=F.gelu, cases=_gelu_cases([(7,), (2, 3)]), hint=_gelu_hint,
+                    double_backward=True)
 
 
 def check_gelu(student: Any, *, shapes: Sequence[Shape] = ((7,), (2, 3)), seed: int | None = 0) -> None:
-    """GELU(x) = x·Φ(x), the exact (erf) GELU."""
+    """GELU(x) = x·Φ(x), the exact (erf) GELU, differentiable twice; checked also at x = 0
+    and at large |x|."""
     __tracebackhide__ = True
     check_function(student, replace(GELU, cases=_gelu_cases(shapes)), seed=seed)
 
@@ -116,7 +125,7 @@ def _matmul_cases(sizes: Sequence[MatmulSizes]):
     return cases
 
 
-MATMUL_SIZES: tuple[MatmulSizes, ...] = (((), 3, 4, 2), ((2,), 3, 4, 5), ((2, 1), 2, 3, 4))
+MATMUL_SIZES: tuple[MatmulSizes, ...] = (((), 3, 4, 2), ((2,), 3, 4, 5), ((2, 1), 2, 3, 4), ((2, 3), 2, 1, 3))
 BATCHED_MATMUL = FunctionSpec(
     name="BatchedMatmul", reference=torch.matmul, cases=_matmul_cases(MATMUL_SIZES), hint=_matmul_hint
 )
@@ -290,7 +299,10 @@ def check_affine(student: type[torch.autograd.Function], *, shapes: Sequence[Aff
 Reduction = tuple[Shape, int, bool]  # (x.shape, dim, keepdim)
 # A square input first: forgetting to unsqueeze then gives wrong values (and a hint), not an error.
 
-MEAN_CASES: tuple[Reduction, ...] = (((3, 3), 1, False), ((3, 4), 1, False), ((2, 3, 4), -2, True), ((4,), 0, False))
+MEAN_CASES: tuple[Reduction, ...] = (
+    ((3, 3), 1, False), ((3, 4), 1, False), ((2, 3, 4), -2, True), ((4,), 0, False),
+    ((3, 1, 4), 1, False), ((1, 5), 0, False),  # a reduced dim of size 1, a batch of one
+)
 
 
 def _reduction_cases(specs: Sequence[Reduction], values: Callable[[Shape, torch.Generator], torch.Tensor]):

@@ -18,6 +18,48 @@ MUTANTS = [
            "            (slope,) = torch.autograd.grad(F.gelu(t, approximate='tanh').sum(), t)\n"
            "        return grad_output * slope"),
           flag="asks autograd for the gradient inside backward"),
+    wrong("gelu", "saves the derivative computed in forward (an intermediate: no double backward)", source='''
+class GELU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        cdf = torch.special.ndtr(x)
+        ctx.save_for_backward(cdf + x * torch.exp(-x**2 / 2) / math.sqrt(2 * math.pi))
+        return x * cdf
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (slope,) = ctx.saved_tensors
+        return grad_output * slope
+'''),
+    wrong("gelu", "saves the output and recovers Φ(x) as y / x: nan at x = 0", source='''
+class GELU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = x * normal_cdf(x)
+        ctx.save_for_backward(x, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x, y = ctx.saved_tensors
+        return grad_output * (y / x + x * normal_pdf(x))
+'''),
+    wrong("gelu", "marks backward @once_differentiable", source='''
+from torch.autograd.function import once_differentiable
+
+
+class GELU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * normal_cdf(x)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_output):
+        (x,) = ctx.saved_tensors
+        return grad_output * (normal_cdf(x) + x * normal_pdf(x))
+'''),
     # 4.2 BatchedMatmul
     wrong("batched_matmul", ".T (all dims reversed) instead of .mT",
           ("return grad_output @ b.mT, a.mT @ grad_output", "return grad_output @ b.T, a.T @ grad_output")),
@@ -31,6 +73,21 @@ MUTANTS = [
            "return grad_output @ b.transpose(0, 1), a.transpose(0, 1) @ grad_output")),
     wrong("batched_matmul", "returns one gradient",
           ("return grad_output @ b.mT, a.mT @ grad_output", "return grad_output @ b.mT")),
+    wrong("batched_matmul", "flattens the batch with view (fails on a non-contiguous grad_output)", source='''
+class BatchedMatmul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return a @ b
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        a, b = ctx.saved_tensors
+        n, k, m = a.shape[-2], a.shape[-1], b.shape[-1]
+        g = grad_output.view(-1, n, m)  # one batch dim, for bmm
+        a3, b3 = a.reshape(-1, n, k), b.reshape(-1, k, m)
+        return torch.bmm(g, b3.mT).view(a.shape), torch.bmm(a3.mT, g).view(b.shape)
+'''),
     # 4.3 unbroadcast
     wrong("unbroadcast", "forgets the expanded size-1 dims",
           ("dims = [*range(lead), *(lead + i for i, size in enumerate(shape) if size == 1)]", "dims = [*range(lead)]")),
@@ -73,6 +130,26 @@ def unbroadcast(grad, shape):
           ("            unbroadcast(grad_output, ctx.bias_shape),\n", "")),
     wrong("affine", "multiplies by the wrong factor",
           ("unbroadcast(grad_output * weight, x.shape)", "unbroadcast(grad_output * x, x.shape)")),
+    wrong("affine", "tests needs_input_grad[1] for the bias too", source='''
+class Affine(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        ctx.bias_shape = bias.shape
+        return x * weight + bias
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x, weight = ctx.saved_tensors
+        grad_x = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_x = unbroadcast(grad_output * weight, x.shape)
+        if ctx.needs_input_grad[1]:
+            grad_weight = unbroadcast(grad_output * x, weight.shape)
+        if ctx.needs_input_grad[1]:  # copied from the line above
+            grad_bias = unbroadcast(grad_output, ctx.bias_shape)
+        return grad_x, grad_weight, grad_bias
+'''),
     # 4.5 Mean
     wrong("mean", "forgets to unsqueeze the reduced dim", (_UNSQUEEZE, "")),
     wrong("mean", "forgets to divide by n",
@@ -121,21 +198,27 @@ class Max(torch.autograd.Function):
           ("return grad_input, grad_weight, grad_bias, None, None", "return grad_input, grad_weight, grad_bias")),
     wrong("conv2d", "returns a bias gradient when bias is None",
           ("grad_output.sum((0, 2, 3)) if ctx.needs_input_grad[2] else None", "grad_output.sum((0, 2, 3))")),
+    wrong("conv2d", "tests needs_input_grad[1] for the input gradient",
+          ("grad_input = torch.nn.grad.conv2d_input(input.shape, weight, grad_output, ctx.stride, ctx.padding)",
+           "grad_input = (torch.nn.grad.conv2d_input(input.shape, weight, grad_output, ctx.stride, ctx.padding)\n"
+           "                      if ctx.needs_input_grad[1] else None)")),
 ]
 
 VARIANTS = [
-    right("gelu", "torch.special.ndtr, derivative computed in forward and saved", source='''
+    right("gelu", "torch.special.ndtr and the density in backward, needs_input_grad", source='''
 class GELU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
-        cdf = torch.special.ndtr(x)
-        ctx.save_for_backward(cdf + x * torch.exp(-x**2 / 2) / math.sqrt(2 * math.pi))
-        return x * cdf
+        ctx.save_for_backward(x)
+        return x * torch.special.ndtr(x)
 
     @staticmethod
     def backward(ctx, grad_output):
-        (slope,) = ctx.saved_tensors
-        return grad_output * slope
+        (x,) = ctx.saved_tensors
+        if not ctx.needs_input_grad[0]:
+            return None
+        density = torch.exp(-0.5 * x.square()) * (2 * math.pi) ** -0.5
+        return grad_output * (torch.special.ndtr(x) + x * density)
 '''),
     right("batched_matmul", "einsum, needs_input_grad", source='''
 class BatchedMatmul(torch.autograd.Function):
