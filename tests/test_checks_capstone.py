@@ -14,8 +14,8 @@ import nbformat
 import pytest
 import torch
 import torch.nn.functional as F
-
 from answers import capstone as answers
+
 from autograder import authoring
 from autograder.checks.remote import Remote, loopback
 from autograder.exercises import capstone as cp
@@ -146,8 +146,8 @@ def test_passing_checks_say_what_they_checked(capsys):
     ((("lse = torch.logsumexp(logits, -1)", "lse = torch.logsumexp(logits.double(), -1)"),),
      "returns torch.float64, not float32"),
     ((("grad = grad.scatter_add(-1, safe.unsqueeze(-1), -scale.unsqueeze(-1))  # minus the one-hot",
-       "onehot = torch.zeros(logits.shape, dtype=logits.dtype).scatter(-1, safe.unsqueeze(-1), 1.0)\n"
-       "        grad = grad - onehot * scale.unsqueeze(-1)"),), "on another device (meta) backward mixes devices"),
+       ("onehot = torch.zeros(logits.shape, dtype=logits.dtype).scatter(-1, safe.unsqueeze(-1), 1.0)\n"
+        "        grad = grad - onehot * scale.unsqueeze(-1)")),), "on another device (meta) backward mixes devices"),
     ((("row_weight = valid.to(logits.dtype) if weight is None else weight.take(safe) * valid\n        scale",
        "row_weight = valid.to(logits.dtype)\n        scale"),), "scaled by weight[target]"),
     ((("return losses.sum() / row_weight.sum()", "return losses.sum() / valid.sum()"),
@@ -248,7 +248,7 @@ def test_per_sample_gradients_vmap_the_targets_too():
     weights = [torch.randn(3, dtype=torch.float64)]
     found = student_side.per_sample_grads(loss, (logits, target, options), [0, 0, None], weights)
     assert found["error"] is None
-    want = torch.stack([torch.func.grad(lambda x: F.cross_entropy(x, target[b]) * weights[0][b])(logits[b])
+    want = torch.stack([torch.func.grad(lambda x, b=b: F.cross_entropy(x, target[b]) * weights[0][b])(logits[b])
                         for b in range(3)])
     assert torch.allclose(found["grads"][0], want)
 

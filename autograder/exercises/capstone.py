@@ -24,8 +24,8 @@ notebook 10 (:mod:`autograder.exercises.modern_api`).
 from __future__ import annotations
 
 import contextlib
-from dataclasses import replace
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -37,8 +37,22 @@ from ..student import devices, probe
 from ..student.report import CheckFailed, fail, note, passed, quiet, show
 from ..student.saved import Names, Recording, Saved
 from .memory import Budget, judge_budget
-from .modern_api import (VmapCase, _batch_size, _compare, _describe_vmap, _error_of, _fail_error, _like,
-                         _reference_grads, _sample, _tensor_list, batched, check_compile, check_vmap, loop)
+from .modern_api import (
+    VmapCase,
+    _batch_size,
+    _compare,
+    _describe_vmap,
+    _error_of,
+    _fail_error,
+    _like,
+    _reference_grads,
+    _sample,
+    _tensor_list,
+    batched,
+    check_compile,
+    check_vmap,
+    loop,
+)
 
 NAME = "fused_cross_entropy"
 ARG_NAMES = ("logits", "target", "options")
@@ -233,7 +247,8 @@ def _check_float32(loss: Any, cases: Sequence[Case], seed: int | None) -> None:
     for device in devices.available():
         x = logits.float().to(device).requires_grad_()
         args = (x, target.to(device), options)
-        shown = [f"logits = {show(x)} (float32)", f"target = {show(target)}", f"options = {_show_options(options)}"]
+        shown = [f"logits = {show(x)} (float32)", f"target = {show(target)}",
+                 f"options = {_show_options(options)}"]
         with quiet():
             found = probe.run(loss, args, [[weights.float().to(device)]])
         if found.error is not None:
@@ -241,7 +256,8 @@ def _check_float32(loss: Any, cases: Sequence[Case], seed: int | None) -> None:
                  f"{found.error.message.strip().splitlines()[0] if found.error.message.strip() else ''}", *shown)
         out = found.outputs[0] if found.outputs else None
         if not isinstance(out, torch.Tensor) or out.dtype != torch.float32:
-            fail(f"{NAME} on float32 logits returns {getattr(out, 'dtype', type(out).__name__)}, not float32.", *shown,
+            fail(f"{NAME} on float32 logits returns {getattr(out, 'dtype', type(out).__name__)}, not float32.",
+                 *shown,
                  cause="keep the logits' dtype: no `.double()`, no tensor created with a fixed dtype "
                  "(`torch.ones(n)` is float32, `torch.tensor(0.0, dtype=torch.float64)` float64); build them from the "
                  "inputs (`torch.ones_like(...)`, `x.new_zeros(...)`, `.to(logits.dtype)`).")
@@ -254,8 +270,10 @@ def _check_float32(loss: Any, cases: Sequence[Case], seed: int | None) -> None:
                 got.detach().cpu().double(), expected.detach(), rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL))
             if not ok:
                 fail(f"{NAME} on float32 logits: {label} differs from F.cross_entropy in float64 by more than float32 "
-                     f"rounding (rtol {FLOAT32_RTOL:g}).", *shown, f"expected {show(expected)}", f"actual   {show(got)}",
-                     cause="compute in the logits' dtype with stable formulas (log-sum-exp with the row max taken out).")
+                     f"rounding (rtol {FLOAT32_RTOL:g}).", *shown, f"expected {show(expected)}",
+                     f"actual   {show(got)}",
+                     cause="compute in the logits' dtype with stable formulas (log-sum-exp with the row max taken "
+                     "out).")
     passed(f"{NAME} on float32 logits: a float32 loss and gradient, within float32 rounding of the float64 reference.")
 
 
@@ -443,13 +461,13 @@ def _vmap_hint(case: VmapCase, actual: torch.Tensor | None, expected: torch.Tens
 VALUE_READ = (
     "vmap and torch.compile cannot run code that reads a tensor's value in Python: `.item()`, `float(t)`, `if t:`, "
     "or a function that does so inside, such as F.one_hot (it checks its targets against the number of classes). "
-    "Keep values in tensors: "
-    "`torch.where` instead of `if`, and a one-hot from `scatter` or a comparison with `torch.arange`."
+    "Keep values in tensors: `torch.where` instead of `if`, and a one-hot from `scatter` or a comparison with "
+    "`torch.arange`."
 )
+JVP_CAUSE = "a Function that defines jvp does not compile into one graph in torch 2.13 (notebook 10): delete jvp."
 ERROR_CAUSES = (  # (words of an error message, lower case) -> likely cause
     (("calling .item()", "data-dependent", "data dependent", "unbacked"), VALUE_READ),
-    (("unsupported custom jvp",), "a Function that defines jvp does not compile into one graph in torch 2.13 "
-                                  "(notebook 10): delete jvp."),
+    (("unsupported custom jvp",), JVP_CAUSE),
 )
 
 

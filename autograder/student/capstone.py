@@ -12,8 +12,9 @@ procedure on that function, where the student's code is. Nothing here computes a
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
