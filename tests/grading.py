@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +41,15 @@ def exercises(nb: nbformat.NotebookNode) -> list[Exercise]:
         elif meta.get("grade") and found:
             found[-1].graded.append(meta["grade_id"])
     return found
+
+
+def points(slug: str, answer_id: str | None = None) -> float:
+    """The most a submission of `slug` can score: in all, or from the graded cells that check
+    the answer cell `answer_id`."""
+    nb = nbformat.read(authoring.solution_path(slug), as_version=4)
+    graded = None if answer_id is None else next(e.graded for e in exercises(nb) if e.answer_id == answer_id)
+    return sum(c.metadata["nbgrader"]["points"] for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")
+               and (graded is None or c.metadata["nbgrader"]["grade_id"] in graded))
 
 
 class Course:
@@ -88,7 +98,11 @@ def namespace(slug: str, answers: dict[str, str] | None = None) -> dict:
     cells must run, demonstrations may fail (a wrong answer breaks them); output is
     discarded. `answers` {answer_id: source} replace model solutions."""
     nb = nbformat.read(authoring.solution_path(slug), as_version=4)
-    ns: dict = {"__name__": "__main__"}
+    # A module of its own, as IPython's __main__ is: torch.compile finds the notebook's
+    # classes through sys.modules[cls.__module__].
+    module = types.ModuleType(f"notebook_{slug}")
+    sys.modules[module.__name__] = module
+    ns: dict = module.__dict__
     with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
         for cell in nb.cells:
             meta = cell.metadata.get("nbgrader", {})

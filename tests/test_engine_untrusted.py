@@ -10,7 +10,7 @@ import os
 import pytest
 
 from engine_course import flagged, grade, notebook, solutions, submit_notebook, with_answers
-from grading import Course
+from grading import Course, points
 
 pytestmark = pytest.mark.slow
 SLUG = "03_function_basics"
@@ -67,7 +67,7 @@ def test_the_run_completes_and_honest_students_get_full_marks(graded):
     course, result = graded
     assert result.returncode == 0, result.stderr
     full = _scores(course, "alice")
-    assert sum(full.values()) == 11 and not flagged(course, SLUG, "alice")[0]
+    assert sum(full.values()) == points(SLUG) and not flagged(course, SLUG, "alice")[0]
 
 
 @pytest.mark.parametrize("student", ODD)
@@ -109,6 +109,6 @@ def test_links_beside_a_notebook_are_never_followed(graded):
     kept = sorted(str(p.relative_to(course.root / "autograded" / "leaker" / SLUG))
                   for p in (course.root / "autograded" / "leaker" / SLUG).rglob("*") if p.is_file())
     assert kept == [f"{SLUG}.ipynb", "notes.txt"], kept
-    assert sum(_scores(course, "leaker").values()) == 11  # graded: only the links were refused
+    assert sum(_scores(course, "leaker").values()) == points(SLUG)  # graded: only the links were refused
     note = nb.cells[0].source
     assert flagged(course, SLUG, "leaker")[0] and "'key.txt' is a symbolic link" in note and "'data/answers.txt'" in note

@@ -139,14 +139,16 @@ def _logits(shape: Sequence[int], target: torch.Tensor, kind: str, ignore: int |
         index = torch.arange(rows.shape[0])[chosen]
         rows[index, picked[chosen]] -= FAR
     elif kind == "masked" and classes >= 2:
-        # Valid rows keep their target finite; an ignored row has -inf where an index of 0 would
-        # read it (its target is no class), and keeps its last class finite.
+        # Valid rows keep their target finite; an ignored row has -inf where an index of 0 or
+        # its raw target would read it (neither is its class), and keeps another class finite.
         every = torch.arange(rows.shape[0])
         ignored = target.reshape(-1) == ignore if ignore is not None else torch.zeros(rows.shape[0], dtype=torch.bool)
-        keep = torch.where(ignored, classes - 1, picked)
+        keep = torch.where(ignored, classes - 1 if ignore != classes - 1 else classes - 2, picked)
         hide = torch.rand(rows.shape, generator=generator) < 1 / 3
         hide[every, (keep + 1) % classes] = True
         hide[every[ignored], 0] = True
+        if ignore is not None and 0 <= ignore < classes:
+            hide[every[ignored], ignore] = True
         hide[every, keep] = False
         rows[hide] = -float("inf")
     elif kind not in KINDS:
@@ -433,6 +435,7 @@ def _vmap_case(spec: VmapSpec, generator: torch.Generator) -> VmapCase:
         target = torch.randint(shape[-1], target.shape, generator=generator)
         if ignore is not None:
             drop = torch.rand(target.shape, generator=generator) < 1 / 3
+            drop.view(-1)[-1] = True  # some row is ignored in every draw
             target[drop] = ignore
         case = VmapCase((logits, target, options), tuple((d[0], d[1], None) for d in levels))
         if not any(bool(torch.isnan(o).any()) for o in loop(_reference, case.args, case.levels)):

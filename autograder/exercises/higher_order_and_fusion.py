@@ -17,9 +17,8 @@ from ..student import probe, tape
 from ..student.report import passed, quiet, show
 from ..student.summary import VisibleCheck
 from .tape_autograd import (
-    ATOL,
-    RTOL,
     OpCase,
+    _close,
     _draw,
     _entry_reports,
     _fail_error,
@@ -53,18 +52,29 @@ def check_hvp(hvp: Callable[..., Any], *, functions: Sequence[str] = tuple(tape.
                 _fail_error("hvp", transcript["error"], context)
             got = _value(transcript["result"], "H v", "hvp")
             want = torch.autograd.functional.hvp(f, x_t, v_t)[1]
-            first = torch.autograd.functional.vjp(f, x_t)[1]  # not torch.func: it loads torch._dynamo (~1 s)
-            cause = (
-                "that is the gradient of f, not the Hessian times v: differentiate again, the sum of "
-                "(gradient * v)." if got is not None and got.shape == first.shape
-                and torch.allclose(got, first, rtol=RTOL, atol=ATOL) else
-                ZERO_HVP_CAUSE if not bool(want.any()) else
-                "Hv = d/dx sum(grad(f)(x) * v): the first gradient must stay a Variable on the tape "
-                "(no `.value`), then be multiplied by v, summed, and differentiated with grad."
-            )
-            _same("hvp", "H v", got, want, context, cause=cause)
+            _same("hvp", "H v", got, want, context, cause=lambda: _hvp_cause(f, x_t, v_t, got, want))
     passed(f"hvp: Hessian-vector products of {len(functions)} functions ({', '.join(functions)}) agree with "
            "torch.autograd.functional.hvp.")
+
+
+def _hvp_cause(f: Callable[[Any], Any], x: torch.Tensor, v: torch.Tensor, got: torch.Tensor | None,
+               want: torch.Tensor) -> str:
+    """The likely misconception behind a wrong H v (worked out for a failure only)."""
+    if not bool(want.any()):
+        return ZERO_HVP_CAUSE
+    if got is not None:
+        first = torch.autograd.functional.vjp(f, x)[1]  # not torch.func: it loads torch._dynamo (~1 s)
+        if _close(got, first):
+            return ("that is the gradient of f, not the Hessian times v: differentiate again, the sum of "
+                    "(gradient * v).")
+        if _close(got, torch.autograd.functional.hvp(f, x, torch.ones_like(v))[1]):
+            return ("that is H times a vector of ones, the gradient of sum(gradient): multiply the gradient by v "
+                    "before summing it.")
+        if _close(got, torch.autograd.functional.hvp(f, x, 2 * first)[1]):
+            return ("that is the gradient of sum(gradient * gradient) = 2 H grad(f): multiply the gradient by v, "
+                    "not by itself.")
+    return ("Hv = d/dx sum(grad(f)(x) * v): the first gradient must stay a Variable on the tape (no `.value`), "
+            "then be multiplied by v, summed, and differentiated with grad.")
 
 
 ESCAPE_CAUSE = (

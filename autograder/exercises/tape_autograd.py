@@ -636,14 +636,41 @@ def _gradients(S: Any, wrt: list[torch.Tensor]) -> list[torch.Tensor]:
     return [torch.zeros_like(x) if f is None else f.detach() for f, x in zip(found, wrt)]
 
 
+# Local derivatives a student may write for an elementwise operation, and the right one.
+LOCAL_DERIVATIVES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "cos(x)": torch.cos, "-cos(x)": lambda x: -torch.cos(x), "sin(x)": torch.sin, "-sin(x)": lambda x: -torch.sin(x),
+    "exp(x)": torch.exp, "1": torch.ones_like, "x": lambda x: x,
+}
+RIGHT_DERIVATIVE = {"sin": "cos(x)", "cos": "-sin(x)", "exp": "exp(x)", "neg": "-1"}
+
+
+def _close_to(a: torch.Tensor, b: torch.Tensor | None) -> bool:
+    return b is not None and a.shape == b.shape and bool(torch.allclose(a, b, rtol=RTOL, atol=ATOL))
+
+
 def _first_order_cause(got: torch.Tensor | None, want: torch.Tensor, case: OpCase, index: int) -> str | None:
+    """The likely misconception behind a wrong gradient of a one-output entry."""
     if got is None or got.shape != want.shape:
         return None
     pos = [case.inputs[a].clone().requires_grad_() for a in case.args]
     out = _candidates(case.op, pos, case.extra)[0][1]
-    with_ones = torch.autograd.grad(out, pos, torch.ones_like(out), allow_unused=True)[index]
-    if with_ones is not None and torch.allclose(got, with_ones, rtol=RTOL, atol=ATOL):
+    dL_dr = case.grads[0]
+    with_ones = torch.autograd.grad(out, pos, torch.ones_like(out), allow_unused=True, retain_graph=True)[index]
+    if _close_to(got, with_ones) and not _close_to(got, want):
         return "propagate ignores dL_dr: the chain rule multiplies the local derivative by the incoming gradient."
+    params = _params(case.op)
+    found = torch.autograd.grad(out, pos, dL_dr, allow_unused=True)
+    for j, other in enumerate(found):
+        if j != index and _close_to(got, other) and not _close_to(other, want):
+            return (f"the gradients are swapped: you return for `{params[index]}` what `{params[j]}` should get. "
+                    f"dL/d{params[index]} = dL_dr times dr/d{params[index]}, and for a product that is the other factor.")
+    right = RIGHT_DERIVATIVE.get(case.op)
+    if right is not None and right in LOCAL_DERIVATIVES:
+        x = pos[index].detach()
+        for name, derivative in LOCAL_DERIVATIVES.items():
+            if name != right and _close_to(got, dL_dr * derivative(x)):
+                sign = " (the sign is wrong)" if name.lstrip("-") == right.lstrip("-") else ""
+                return f"propagate multiplies dL_dr by {name}, but the derivative of {case.op} is {right}{sign}."
     if torch.allclose(got, -want.detach(), rtol=RTOL, atol=ATOL):
         return "the gradient has the wrong sign."
     return "the chain rule: dL/dinput = dL/dr times the local derivative dr/dinput (in the right order for matrices)."

@@ -357,6 +357,9 @@ MUTANTS = [
     # Shapes, dtypes, devices
     wrong(EX, "classes on dim 1, as F.cross_entropy's input (wrong for 1-d and 3-d logits)",
           ("lse = torch.logsumexp(logits, -1)", "lse = torch.logsumexp(logits, 1)")),
+    wrong(EX, "squeezes the per-row losses ('none' with a batch of one loses its dim)",
+          ('        if reduction == "none":\n            return losses\n',
+           '        if reduction == "none":\n            return losses.squeeze()\n')),
     wrong(EX, "computes the log-sum-exp in float64 (float32 logits give a float64 loss)",
           ("lse = torch.logsumexp(logits, -1)", "lse = torch.logsumexp(logits.double(), -1)")),
     wrong(EX, "a one-hot matrix made on the CPU in backward (not device-generic)",
