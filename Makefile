@@ -55,10 +55,12 @@ autograde: $(STAMP) system-tools
 	$(BIN)/autograder grade $(ARGS)
 
 # Stock `nbgrader autograde` against `autograder grade` on a class batch of every notebook
-# (ARGS go to it, e.g. ARGS="--students 30 --timeout 10"), then each notebook's Run-All time.
-bench: $(STAMP) system-tools
+# (ARGS go to it, e.g. ARGS="--students 30 --timeout 10"), then each notebook's Run-All time,
+# then what grading costs per notebook, on a Dask cluster and on PostgreSQL (docs: README).
+bench: $(STAMP) system-tools test-tools
 	$(BIN)/python bench/stock_vs_engine.py $(ARGS)
 	$(BIN)/python bench/run_all.py
+	$(BIN)/python bench/scaling.py
 
 # `make test` compares the engine's scores with stock nbgrader's on a sample covering every
 # exercise; this compares them on every known answer (stock nbgrader: about 20 minutes).

@@ -1,11 +1,15 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from autograder.authoring import use_this_environment
 
 # nbgrader (in-process and as a subprocess) runs `alembic` by name.
 use_this_environment()
+# As every notebook's setup cell does: checks run many tiny operations, and a thread pool
+# on a busy 2-core machine made them 10-40x slower (the other test worker takes a core).
+torch.set_num_threads(1)
 
 
 def pytest_addoption(parser):

@@ -43,12 +43,19 @@ def _digest(path: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def student_lab(tmp_path_factory):
+def chromium():
+    """One browser for the module: Playwright's sync API runs one at a time in a thread."""
+    with browser.chromium() as context:
+        yield context
+
+
+@pytest.fixture(scope="module")
+def student_lab(tmp_path_factory, chromium):
     """`make lab` with its own work folder; one server for every student test."""
     tmp = tmp_path_factory.mktemp("student-lab")
     before = {slug: _digest(authoring.ROOT / "course" / slug / f"{slug}.ipynb") for slug in (SLUG, GRAPHS)}
-    with browser.lab("lab", tmp, WORK=str(tmp / "work")) as base, browser.chromium() as context:
-        yield base, tmp / "work", context
+    with browser.lab("lab", tmp, WORK=str(tmp / "work")) as base:
+        yield base, tmp / "work", chromium
     for slug, digest in before.items():  # the tracked notebooks were never touched
         assert _digest(authoring.ROOT / "course" / slug / f"{slug}.ipynb") == digest
 
@@ -154,8 +161,9 @@ def test_feedback_shows_no_hidden_test(graded_course):
         assert not [line for line in hidden if line in text], page
 
 
-def test_an_instructor_sees_scores_and_the_flag_in_formgrader(graded_course, tmp_path):
-    with browser.lab("instructor", tmp_path, COURSE=str(graded_course.root)) as base, browser.chromium() as context:
+def test_an_instructor_sees_scores_and_the_flag_in_formgrader(graded_course, tmp_path, chromium):
+    context = chromium
+    with browser.lab("instructor", tmp_path, COURSE=str(graded_course.root)) as base:
         page = context.new_page()
         try:
             page.goto(f"{base}/lab?token={browser.TOKEN}")

@@ -116,15 +116,19 @@ def _assert_no_hidden(course, slug: str, hidden: list[str]) -> None:
 
 def _hidden_lines(source: str) -> list[str]:
     """The lines between hidden-test markers in a solution notebook (long enough to be telling),
-    except those a visible cell also shows (a hidden test may repeat a visible call)."""
-    hidden, visible, inside = [], set(), False
+    except those a visible cell also shows, in a line of its own (a hidden test may repeat a
+    visible call, and split it over lines differently)."""
+    hidden, visible, inside = [], [], False
     for cell in nbformat.reads(source, as_version=4).cells:
         for line in cell.source.splitlines():
             if "BEGIN HIDDEN TESTS" in line or "END HIDDEN TESTS" in line:
                 inside = "BEGIN" in line
-            elif len(line.strip()) >= 20:
-                (hidden.append if inside else visible.add)(line.strip())
-    return [line for line in hidden if line not in visible]
+            elif len(line.strip()) >= 20 and inside:
+                hidden.append(line.strip())
+            elif not inside:
+                visible.append(line)
+    shown = "\n".join(visible)
+    return [line for line in hidden if line not in shown]
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import builtins
 import functools
+import types
 
 import pytest
 import torch
@@ -59,3 +60,16 @@ def test_the_student_sides_procedures_replaced_are_put_back(watched):
     gradient_patterns.run_unbroadcast = lambda *args, **kwargs: None
     assert integrity.restore() == ["autograder.student.gradient_patterns.run_unbroadcast was replaced"]
     assert gradient_patterns.run_unbroadcast is procedure
+
+
+def test_the_globals_torch_compile_adds_to_a_course_module_are_not_tampering(watched):
+    """torch.compile installs globals (`__builtins_dict___0`, `__compiled_fn_...`) in the
+    module of the code it compiles: notebook 11's compile check compiles in a course module."""
+    code = compile("def double(x):\n    return torch.sin(x) * 2\n", "<course>", "exec")
+    namespace = vars(gradient_patterns)
+    double = types.FunctionType(code.co_consts[0], namespace)
+    torch.compile(double, backend="eager", fullgraph=True)(torch.ones(3))
+    assert any(name.startswith("__compiled_fn") for name in namespace)
+    assert integrity.restore() == []
+    gradient_patterns.extra = None  # any other name is still seen
+    assert integrity.restore() == ["autograder.student.gradient_patterns.extra was added"]

@@ -28,12 +28,17 @@ COMMON = {
     "return x * torch.sigmoid(beta * x)": "Swish's definition, forward only",
     "return x.clamp(0, clip)": "ClippedReLU's definition, forward only",
 }
-# Found by this test in files other helpers own; reported to them, to be removed here once fixed.
+# The course's own code doing what an exercise asks for — a reference its visible check needs
+# in the student's kernel, or a meter the notebooks use — shares the answer's key lines.
 KNOWN = {
     "with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):":
         "student/saved.py's recorder is the heart of exercise 6's saved_by answer",
     "if t.dtype in (torch.float32, torch.float64) and not (t.is_leaf and t.requires_grad):":
         "exercises/memory.py's reference rounding is save_as_bf16's pack (08_memory)",
+    "storage = t.untyped_storage()": "student/memory.py's meter reads storages as kept_alive must",
+    "blocks[storage.data_ptr()] = storage.nbytes()": "exercises/save_for_backward.py's kept_alive reference",
+    "return sum(blocks.values())": "exercises/save_for_backward.py's kept_alive reference",
+    "return r * torch.cos(theta), r * torch.sin(theta)": "the formula 03's exercise 3.3 states, as its reference",
 }
 
 

@@ -271,8 +271,9 @@ class Answers(dict):
         return dict.__getitem__(self, question)
 
 
-when_to_write = Answers({"a": "function", "b": "composite", "c": "composite", "d": "function", "e": "composite", "f": "function"})
-"""  # three of six answers right: 1.5 of 3 points
+when_to_write = Answers({"a": "composite", "b": "function", "c": "derivatives.yaml", "d": "function", "e": "function",
+                         "f": "composite", "g": "composite"})
+"""  # three of seven answers right: 3/7 of 3 points
 
 
 # Attacks on the notebook's structure, made on the notebook itself: (how, what the flag says).
@@ -382,7 +383,7 @@ def test_attack_gets_its_honest_score_and_is_flagged(graded, attack):
 def test_the_quiz_key_never_reaches_the_students_process(graded):
     course = graded[0]
     scores = _scores(course, "a_quiz_key_thief")
-    assert scores["check_when_to_write_hidden"] == 1.5, scores
+    assert scores["check_when_to_write_hidden"] == pytest.approx(3 * 3 / 7), scores
     assert "reaches into the interpreter" in _comments(course, "a_quiz_key_thief")
 
 

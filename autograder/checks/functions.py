@@ -613,3 +613,33 @@ def _meta(student: Any, cases: Sequence[tuple], names: list[str]) -> str:
             fail(f"on another device (meta) {what}.", *_describe(meta_args, names), cause=cause)
         return f"meta device: not checked ({error.type} from an operation meta tensors do not support)."
     return "meta device: forward and backward create no tensor tied to the CPU."
+
+
+# --- What a backward returns -------------------------------------------------------------
+
+ENGINE_SUMS = (
+    "Autograd's engine sums a gradient that is broadcast-larger than its input down to the "
+    "input's shape, which is why `.grad` and gradcheck looked right. Backward itself must return "
+    "one gradient of the input's shape: the engine's sum also hides real bugs"
+)
+
+
+def check_returned_shapes(student: Any, name: str, cases: Sequence[tuple], *, fix: str = "") -> None:
+    """Every gradient backward returns has the shape of its input, before autograd's engine
+    sees it (the shapes are reported by the student's process: best effort). `fix`: how, in
+    this exercise's words."""
+    __tracebackhide__ = True
+    names = probe.argument_names(student)
+    with quiet():
+        for case in cases:
+            args = devices.prepare(case, "cpu")
+            shown = _describe(args, names)
+            facts = introspect.record_backward(student, args)
+            if facts.error is not None:
+                what, cause = explain.error(facts.error.stage, facts.error.type, facts.error.message, names)
+                fail(f"{name}: {what}.", *shown, cause=cause)
+            for arg_name, arg, grad in zip(_labels(names, len(args)), args, facts.returned):
+                if probe.differentiable(arg) and isinstance(grad, list) and tuple(grad) != tuple(arg.shape):
+                    got, want = tuple(grad), tuple(arg.shape)
+                    fail(f"{name}: backward returned a gradient of shape {got} for `{arg_name}`, which has shape {want}.",
+                         *shown, cause=f"{explain.shape_cause(got, want)} ({ENGINE_SUMS}{fix}.)")

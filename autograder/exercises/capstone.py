@@ -146,6 +146,8 @@ def _logits(shape: Sequence[int], target: torch.Tensor, kind: str, ignore: int |
         keep = torch.where(ignored, classes - 1 if ignore != classes - 1 else classes - 2, picked)
         hide = torch.rand(rows.shape, generator=generator) < 1 / 3
         hide[every, (keep + 1) % classes] = True
+        if classes >= 3:  # a second finite class: a row's loss is not 0 whatever it divides by
+            hide[every, (keep + 2) % classes] = False
         hide[every[ignored], 0] = True
         if ignore is not None and 0 <= ignore < classes:
             hide[every[ignored], ignore] = True

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from ..checks import explain, inputs
-from ..student import devices, gradient_patterns, introspect, probe
-from ..checks.functions import FunctionSpec, check_function
+from ..student import devices, gradient_patterns, probe
+from ..checks.functions import FunctionSpec, check_function, check_returned_shapes
 from ..student.report import fail, note, passed, quiet, show
 from ..student.summary import VisibleCheck
 
@@ -37,37 +37,6 @@ def _known_mistake(actual: torch.Tensor, mistakes: Mistakes) -> str | None:
     return None
 
 
-# --- What a backward returns -------------------------------------------------------------
-
-ENGINE_SUMS = (
-    "(Autograd's engine sums a gradient that is broadcast-larger than its input down to the "
-    "input's shape, which is why `.grad` and gradcheck looked right. Backward itself must return "
-    "one gradient of the input's shape: the engine's sum also hides real bugs.)"
-)
-
-
-def check_returned_shapes(student: type[torch.autograd.Function], name: str, cases: Sequence[tuple]) -> None:
-    """Every gradient backward returns has the shape of its input, before the engine sees it
-    (the shapes are reported by the student's process: best effort)."""
-    __tracebackhide__ = True
-    names = probe.argument_names(student)
-    with quiet():
-        for case in cases:
-            args = devices.prepare(case, "cpu")
-            facts = introspect.record_backward(student, args)
-            if facts.error is not None:
-                what, cause = explain.error(facts.error.stage, facts.error.type, facts.error.message, names)
-                fail(f"{name}: {what}.", *_shown(names, args), cause=cause)
-            for arg_name, arg, grad in zip(names, args, facts.returned):
-                if probe.differentiable(arg) and isinstance(grad, list) and tuple(grad) != tuple(arg.shape):
-                    got, want = tuple(grad), tuple(arg.shape)
-                    fail(
-                        f"{name}: backward returned a gradient of shape {got} for `{arg_name}`, "
-                        f"which has shape {want}.",
-                        *_shown(names, args),
-                        cause=f"{explain.shape_cause(got, want)} {ENGINE_SUMS}",
-                    )
-    passed(f"{name}: backward returns every gradient with the shape of its input ({len(cases)} input(s)).")
 
 
 # --- 4.1 GELU ----------------------------------------------------------------------------
@@ -290,7 +259,9 @@ def check_affine(student: type[torch.autograd.Function], *, shapes: Sequence[Aff
     spec = replace(AFFINE, cases=_affine_cases(shapes))
     with probe.substituted(student, {"unbroadcast": gradient_patterns.sum_to_size}) as substituted:
         check_function(student, spec, seed=seed)
-        check_returned_shapes(student, "Affine", spec.cases(inputs.generator(seed)))
+        cases = spec.cases(inputs.generator(seed))
+        check_returned_shapes(student, "Affine", cases)
+        passed(f"Affine: backward returns every gradient with the shape of its input ({len(cases)} input(s)).")
     if substituted:
         note("checked with the course's unbroadcast in place of yours (exercise 4.3 grades yours).")
 

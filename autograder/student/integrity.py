@@ -30,6 +30,10 @@ CLASSES = [torch.Tensor, torch.autograd.Function]
 
 # Changed by the interpreter itself: IPython keeps the last results in builtins._, __, ___.
 IGNORED = {"_", "__", "___"}
+# Globals torch.compile adds to the module of the code it compiles (torch/_dynamo's
+# install_global, unique_id and import aliases): a course module that compiles gets them.
+DYNAMO_GLOBALS = ("__builtins_dict__", "__compiled_fn", "__resume_at", "__import_", "__comprehension_",
+                  "___context_manager_", "__gen_rand_values", "__warnings_warn_wrapper")
 
 _saved: dict[str, tuple[Any, dict[str, Any]]] = {}  # name -> (owner, its attributes at snapshot)
 _MISSING = object()
@@ -78,6 +82,8 @@ def _harmless(owner: Any, attr: str, before: dict[str, Any], now: dict[str, Any]
         return True  # bookkeeping (__warningregistry__, ...) that changes by itself
     if attr not in before and isinstance(now[attr], types.ModuleType) and _is_module(owner):
         return True  # importing a submodule adds it to its package
+    if attr not in before and attr.startswith(DYNAMO_GLOBALS) and _is_module(owner):
+        return True
     # torch._dynamo, once loaded, wraps torch.manual_seed
     return attr in before and attr in now and _torch_wrapped(now[attr], before[attr])
 
