@@ -134,14 +134,25 @@ def run_all(page) -> None:
     page.click("li.lm-Menu-item:has-text('Run All Cells')")
 
 
+HAS_OUTPUT = (
+    "([code, text]) => [...document.querySelectorAll('.jp-Cell')].some(c => "
+    "(c.querySelector('.jp-InputArea')?.textContent || '').includes(code) && "
+    "(c.querySelector('.jp-OutputArea')?.textContent || '').includes(text))"
+)
+
+
 def wait_for_output(page, code: str, text: str, timeout: float = 120_000) -> None:
-    """Until the cell whose code contains `code` has an output containing `text`."""
-    page.wait_for_function(
-        "([code, text]) => [...document.querySelectorAll('.jp-Cell')].some(c => "
-        "(c.querySelector('.jp-InputArea')?.textContent || '').includes(code) && "
-        "(c.querySelector('.jp-OutputArea')?.textContent || '').includes(text))",
-        arg=[code, text], timeout=timeout,
-    )
+    """Until the cell whose code contains `code` has an output containing `text`. JupyterLab
+    asks which kernel to use when a notebook's kernel was slow to start (a busy machine):
+    the person would click Select, and so does this."""
+    deadline = time.monotonic() + timeout / 1000
+    while not page.evaluate(HAS_OUTPUT, [code, text]):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no output containing {text!r} under the cell {code!r} after {timeout / 1000:g} s")
+        select = page.locator(".jp-Dialog:has-text('Select Kernel') button.jp-mod-accept")
+        if select.count():
+            select.first.click()
+        page.wait_for_timeout(500)
 
 
 def menu_titles(page) -> list[str]:

@@ -11,6 +11,8 @@ import ast
 import re
 from dataclasses import dataclass
 
+from . import syntax
+
 # Roots whose attributes a student's code has no business assigning.
 MODULES = {"builtins", "torch", "autograder", "sys", "os", "IPython", "numpy", "np", "math", "nbformat", "nbgrader", "signal"}
 # Calls and names worth a look, with why.
@@ -102,7 +104,7 @@ def imported(source: str) -> list[str]:
 def _parsed(source: str) -> ast.Module | None:
     """A cell's syntax tree, IPython lines left out; None if it is not valid Python."""
     try:
-        return ast.parse(_without_magics(source))
+        return syntax.parse(_without_magics(source))
     except SyntaxError:
         return None
 

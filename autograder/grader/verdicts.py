@@ -28,6 +28,7 @@ from ..checks import inputs
 from ..student import probe
 from ..checks.remote import Remote, RemoteError, Transport
 from ..student.serve import resolve
+from . import syntax
 from .records import Verdict
 
 
@@ -74,13 +75,13 @@ class StudentNames(dict):
 
 def run_cell(source: str, names: dict) -> Any:
     """Execute a cell like IPython: the value of a final expression is returned."""
-    tree = ast.parse(source)
+    tree = syntax.parse(source)
     last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
     context: dict = {"__name__": "__main__"}
-    exec(compile(tree, "<test cell>", "exec"), context, names)
+    exec(syntax.compiled(tree, "<test cell>", "exec"), context, names)
     if last is None:
         return None
-    return eval(compile(ast.Expression(last.value), "<test cell>", "eval"), context, names)
+    return eval(syntax.compiled(ast.Expression(last.value), "<test cell>", "eval"), context, names)
 
 
 def is_test_cell(cell: Any) -> bool:
