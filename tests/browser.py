@@ -122,10 +122,22 @@ def element_screenshot(locator, name: str) -> Path:
     return path
 
 
+def _select_kernel(page) -> bool:
+    """Click Select if JupyterLab asks which kernel to use (it does when other notebooks'
+    kernels are running, or a kernel was slow to start), as a person would."""
+    select = page.locator(".jp-Dialog:has-text('Select Kernel') button.jp-mod-accept")
+    if not select.count():
+        return False
+    select.first.click()
+    return True
+
+
 def open_notebook(page, base: str, path: str) -> None:
     page.goto(f"{base}/lab/tree/{path}?reset&token={TOKEN}")  # reset: only this notebook open
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)  # the kernel is up
+    page.wait_for_timeout(1000)  # the kernel dialog, if any, comes just after
+    _select_kernel(page)
 
 
 def run_all(page) -> None:
@@ -142,16 +154,15 @@ HAS_OUTPUT = (
 
 
 def wait_for_output(page, code: str, text: str, timeout: float = 120_000) -> None:
-    """Until the cell whose code contains `code` has an output containing `text`. JupyterLab
-    asks which kernel to use when a notebook's kernel was slow to start (a busy machine):
-    the person would click Select, and so does this."""
+    """Until the cell whose code contains `code` has an output containing `text`. Cells sent
+    while JupyterLab asked for a kernel never ran: after Select, Run All again."""
     deadline = time.monotonic() + timeout / 1000
     while not page.evaluate(HAS_OUTPUT, [code, text]):
         if time.monotonic() > deadline:
             raise TimeoutError(f"no output containing {text!r} under the cell {code!r} after {timeout / 1000:g} s")
-        select = page.locator(".jp-Dialog:has-text('Select Kernel') button.jp-mod-accept")
-        if select.count():
-            select.first.click()
+        if _select_kernel(page):
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+            run_all(page)
         page.wait_for_timeout(500)
 
 

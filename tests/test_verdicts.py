@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
+import traceback
 
 import nbformat
 import pytest
@@ -121,3 +123,27 @@ def test_a_module_the_notebook_imported_is_the_graders_own():
     names = StudentNames(loopback(ns))
     assert names["torch"] is torch and names["m"] is math
     assert repr(names["odd"]) == "<the student's odd>"
+
+
+def test_every_syntax_tree_of_the_grader_is_built_under_one_lock():
+    """CPython 3.11.7 corrupts its syntax-tree recursion counter when two threads build trees
+    at once (gh-106905: a right answer once scored 0 with "AST constructor recursion depth
+    mismatch"): while the lock is held, another thread's ast.parse — a traceback's — waits."""
+    from autograder.grader import syntax
+
+    syntax.guard()
+    done = threading.Event()
+
+    def format_a_traceback():
+        try:
+            1 / 0
+        except ZeroDivisionError as error:
+            traceback.format_exception(error)  # Python 3.11 parses the line it points at
+        done.set()
+
+    with syntax._LOCK:
+        thread = threading.Thread(target=format_a_traceback)
+        thread.start()
+        assert not done.wait(0.5)
+    thread.join(10)
+    assert done.is_set()

@@ -26,6 +26,7 @@ from ..isolation import sandbox
 from ..isolation.limits import TRUNCATED, Limits
 from ..runner.protocol import Channel, ChannelClosed, ProtocolError
 
+from . import syntax
 from .records import Cell, Program, Run
 
 if TYPE_CHECKING:  # torch loads in the grader only once the workers are warming up
@@ -251,6 +252,7 @@ class Pool:
                  slots: list[int] | None = None) -> None:
         """`slots`: the workers' numbers (their notebooks' user ids), 0 to jobs - 1 unless
         given (several pools on one machine, as Dask workers: cluster.py)."""
+        syntax.guard()  # the threads below judge, and judging builds syntax trees
         self.limits = limits
         self.runtime = sandbox.runtime_directory()
         self.todo: queue.Queue = queue.Queue()

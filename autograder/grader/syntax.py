@@ -2,8 +2,10 @@
 
 CPython before 3.11.8 and 3.12.1 keeps one recursion counter for building syntax trees per
 interpreter, and two threads building trees at once can corrupt it: "SystemError: AST
-constructor recursion depth mismatch" (gh-106905). The grader scans cells in its main
-thread while the pool's threads judge test cells, so every tree is built under one lock.
+constructor recursion depth mismatch" (gh-106905), raised in whichever thread checks the
+counter next. The grader's threads build trees all the time — judging test cells, scanning
+cells, and formatting any traceback (Python 3.11's traceback parses each line it points
+at) — so `guard()` makes every `ast.parse` of the process take one lock.
 """
 from __future__ import annotations
 
@@ -11,7 +13,21 @@ import ast
 import threading
 from types import CodeType
 
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()
+
+
+def guard() -> None:
+    """Route `ast.parse` through the lock, for every caller in this process (once)."""
+    if getattr(ast.parse, "guarded", False):
+        return
+    unguarded = ast.parse
+
+    def parse(*args, **kwargs):
+        with _LOCK:
+            return unguarded(*args, **kwargs)
+
+    parse.guarded = True  # type: ignore[attr-defined]
+    ast.parse = parse
 
 
 def parse(source: str) -> ast.Module:
