@@ -41,7 +41,7 @@ def grade(
     scheduler: Optional[str] = typer.Option(
         None, help="Grade on a Dask cluster: the scheduler's address (tcp://HOST:8786). Each Dask worker runs as many "
                    "notebooks at once as it has threads, sandboxed on its machine; this process writes the gradebook "
-                   "(--jobs is then the workers' --nthreads). See docs/scaling.md."
+                   "(--jobs is then the workers' --nthreads). See the README, "A large course"."
     ),
     course: Path = typer.Option(Path("."), help="The course root: the folder with nbgrader_config.py and submitted/."),
 ) -> None:

@@ -1,4 +1,4 @@
-"""What grading costs per notebook, for planning a large course (docs/scaling.md).
+"""What grading costs per notebook, for planning a large course (README: "A large course").
 
 Three measurements on this machine, each written to bench/results/scaling-DATE.md:
 

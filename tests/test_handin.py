@@ -3,6 +3,7 @@ with `nbgrader zip_collect`."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -92,3 +93,23 @@ def test_zip_collect_and_unzip_put_handed_in_notebooks_into_submitted(tmp_path):
     with zipfile.ZipFile(tmp_path / f"alice__{SLUG}.zip") as zipped:
         zipped.extractall(tmp_path / "submitted")
     assert (tmp_path / "submitted" / "alice" / SLUG / "timestamp.txt").read_text().endswith("UTC")
+
+
+def test_in_jupyter_it_finds_the_notebook_its_kernel_runs(tmp_path):
+    """A real kernel, started as Jupyter's server starts one: in the notebook's folder, with
+    the notebook's path relative to the server's root in JPY_SESSION_NAME."""
+    from jupyter_client.manager import start_new_kernel
+
+    folder = tmp_path / "work" / SLUG
+    folder.mkdir(parents=True)
+    _released(folder)
+    env = {**os.environ, "JPY_SESSION_NAME": f"{SLUG}/{SLUG}.ipynb"}
+    manager, client = start_new_kernel(kernel_name="python3", cwd=str(folder), env=env)
+    try:
+        reply = client.execute_interactive("from autograder.student.handin import hand_in\nhand_in('dora')", timeout=60)
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    path = folder / f"dora__{SLUG}.zip"
+    assert zipfile.ZipFile(path).namelist()[0] == f"dora/{SLUG}/{SLUG}.ipynb"
