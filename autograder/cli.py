@@ -41,7 +41,7 @@ def grade(
     scheduler: Optional[str] = typer.Option(
         None, help="Grade on a Dask cluster: the scheduler's address (tcp://HOST:8786). Each Dask worker runs as many "
                    "notebooks at once as it has threads, sandboxed on its machine; this process writes the gradebook "
-                   "(--jobs is then the workers' --nthreads). See the README, "A large course"."
+                   "(--jobs is then the workers' --nthreads). See the README, 'A large course'."
     ),
     course: Path = typer.Option(Path("."), help="The course root: the folder with nbgrader_config.py and submitted/."),
 ) -> None:
@@ -98,6 +98,10 @@ def grade(
 @app.command()
 def publish(
     out: Path = typer.Argument(Path("public"), help="Folder for the public repository's content (a clone of it, or a new folder)."),
+    self_study: bool = typer.Option(
+        False, "--self-study", help="The edition for self-learners: every quiz's key and explanations are included, so "
+                                    "each quiz's check explains the answers at once. Never for a graded class."
+    ),
 ) -> None:
     """Write what students get into OUT: the student package and the released notebooks.
 
@@ -110,8 +114,9 @@ def publish(
     """
     from . import publish as publishing
 
-    publishing.build(out.resolve())
-    typer.echo(f"{out}/ holds the student package and {len(publishing.released())} notebooks; push it to "
+    publishing.build(out.resolve(), self_study=self_study)
+    edition = "the self-study edition of the student package (quiz keys included)" if self_study else "the student package"
+    typer.echo(f"{out}/ holds {edition} and {len(publishing.released())} notebooks; push it to "
                f"{publishing.student_repository()}")
 
 
