@@ -46,8 +46,9 @@ release: $(STAMP)
 
 # The public repository's content in $(PUBLIC)/ (a clone of it, or a new folder): the
 # student package and the released notebooks, nothing of solutions/ or the grader.
+# ARGS=--self-study: the edition for self-learners, with the quizzes' keys (never for a class).
 publish: release
-	$(BIN)/autograder publish $(PUBLIC)
+	$(BIN)/autograder publish $(PUBLIC) $(ARGS)
 
 # Grade submitted/ (all assignments, all students; what is graded already is skipped).
 # Pass options with ARGS, e.g. make autograde ARGS="03_function_basics --student alice --force".

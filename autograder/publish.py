@@ -14,6 +14,11 @@ holds what runs in a student's kernel — the setup cell's code, the visible che
 given helpers — and nothing of the instructor's side: no grader, no command line, no
 authoring tools, no solutions, hidden tests or quiz keys (tests/test_publish.py builds it
 and searches it for the distinctive lines of each).
+
+`build(out, self_study=True)` is the edition for self-learners, who have no one to grade
+them: the same, plus every quiz's key and explanations (`autograder/checks/quiz_keys.py`),
+so each quiz's visible check judges and explains every answer at once. Never publish it
+for a graded class: it gives the quizzes' points away.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ import tomllib
 from pathlib import Path
 
 from . import authoring
+from .checks import answers
 
 STUDENT_PACKAGES = ("student", "checks", "exercises")  # subpackages of `autograder` students get
 DISTRIBUTION = authoring.STUDENT_DISTRIBUTION
@@ -100,6 +106,15 @@ asks. Save the notebook first (Ctrl+S) in Jupyter: the file on disk is what is h
 '''
 
 
+SELF_STUDY = '''
+## Quizzes
+
+This is the self-study edition: each quiz's check tells you at once which answers are right
+and explains every one. (A graded class gets an edition without the keys; there the
+quizzes are graded when you hand in.)
+'''
+
+
 def _config(root: Path) -> dict:
     with open(root / "pyproject.toml", "rb") as f:
         return tomllib.load(f)
@@ -113,8 +128,9 @@ def _colab_link(repository: str, slug: str) -> str:
     return f"https://colab.research.google.com/github/{path}/blob/main/course/{slug}/{slug}.ipynb"
 
 
-def build_package(out: Path, root: Path = authoring.ROOT) -> Path:
-    """Only the student package (pyproject.toml, README.md, autograder/) in `out`."""
+def build_package(out: Path, root: Path = authoring.ROOT, self_study: bool = False) -> Path:
+    """Only the student package (pyproject.toml, README.md, autograder/) in `out`; with
+    `self_study`, the quizzes' keys too."""
     version = _config(root)["project"]["version"]
     url = student_repository(root)
     package = out / "autograder"
@@ -126,6 +142,8 @@ def build_package(out: Path, root: Path = authoring.ROOT) -> Path:
         if target.exists():
             shutil.rmtree(target)
         shutil.copytree(source / name, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    if self_study:
+        answers.write_keys_module(package, root)
     packages = ["autograder", *(f"autograder.{name}" for name in STUDENT_PACKAGES)]
     (out / "pyproject.toml").write_text(PYPROJECT.format(
         name=DISTRIBUTION, version=version, url=url,
@@ -133,7 +151,7 @@ def build_package(out: Path, root: Path = authoring.ROOT) -> Path:
     ))
     slugs = released(root)
     rows = "\n".join(f"| {slug[:2]} | `{slug}` | [open]({_colab_link(url, slug)}) |" for slug in slugs)
-    (out / "README.md").write_text(README.format(rows=rows))
+    (out / "README.md").write_text(README.format(rows=rows) + (SELF_STUDY if self_study else ""))
     if (root / "LICENSE").exists():
         shutil.copy(root / "LICENSE", out / "LICENSE")
     return out
@@ -144,8 +162,9 @@ def released(root: Path = authoring.ROOT) -> list[str]:
     return sorted(p.parent.name for p in (root / "course").glob("*/*.ipynb") if p.stem == p.parent.name)
 
 
-def build(out: Path, root: Path = authoring.ROOT) -> Path:
-    """The public repository's content in `out`: the student package and course/.
+def build(out: Path, root: Path = authoring.ROOT, self_study: bool = False) -> Path:
+    """The public repository's content in `out`: the student package and course/ (with
+    `self_study`, the edition for self-learners: the quizzes' keys too).
 
     Whatever `out` held before is replaced, except `.git` (so `out` can be a clone of the
     public repository: build, commit, push).
@@ -154,7 +173,7 @@ def build(out: Path, root: Path = authoring.ROOT) -> Path:
     for entry in out.iterdir():
         if entry.name != ".git":
             shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-    build_package(out, root)
+    build_package(out, root, self_study)
     for slug in released(root):
         target = out / "course" / slug
         target.mkdir(parents=True)

@@ -3,6 +3,7 @@ and the released notebooks, built by `make publish`, searched for the distinctiv
 every solution, hidden test and quiz key."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -12,6 +13,7 @@ import nbformat
 import pytest
 
 from autograder import authoring, publish
+from autograder.checks import answers
 from instructor_material import instructor_lines
 
 # Lines of solutions that the student side may share without giving an answer away, each
@@ -90,3 +92,35 @@ def test_the_student_package_builds_a_wheel_without_the_instructor_side(public, 
                                                     "autograder/cli", "autograder/authoring", "autograder/publish"))]
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()
     assert "Requires-Dist: torchviz==0.0.3" in metadata and "typer" not in metadata
+
+
+QUIZ = "03_function_basics/when_to_write"
+ASK = """
+import autograder
+from autograder.checks.answers import check_answers
+from autograder.exercises.function_basics import WHEN_TO_WRITE_CHOICES
+assert autograder.__file__.startswith({out!r}), autograder.__file__
+check_answers({answers!r}, WHEN_TO_WRITE_CHOICES, "abcdefg", quiz={quiz!r})
+"""
+
+
+@pytest.mark.parametrize("self_study", [False, True])
+def test_autograder_publish_writes_the_class_or_the_self_study_edition(tmp_path, self_study):
+    """`autograder publish OUT [--self-study]` (make publish): a class's quiz check looks at the
+    form only; the self-study edition's names each wrong answer and explains it."""
+    out = tmp_path / "public"
+    command = [str(Path(sys.executable).with_name("autograder")), "publish", str(out)]
+    result = subprocess.run(command + ["--self-study"] * self_study, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    keys = out / "autograder" / "checks" / answers.KEYS_FILE
+    assert keys.exists() == self_study
+    key = answers.all_quiz_keys()[QUIZ]["key"]
+    wrong = {**key, "a": next(c for c in ("composite", "function") if c != key["a"])}
+    asked = subprocess.run([sys.executable, "-c", ASK.format(out=str(out), answers=wrong, quiz=QUIZ)], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(out)})
+    if self_study:
+        assert asked.returncode != 0 and "1 of 7 answers are wrong" in asked.stderr, asked.stderr
+        assert f"The answer is '{key['a']}'" in asked.stderr
+    else:
+        assert asked.returncode == 0, asked.stderr
+        assert "graded when you hand in" in asked.stdout
