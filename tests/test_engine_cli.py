@@ -146,3 +146,45 @@ def test_the_estimate_left_is_bounded_by_the_time_limit():
     assert estimate.left([0.5, 4.0]) == (5 * 1.0 + 0.5 + 4.0) / 2
     assert estimate.left([0.5, 59.0]) == (5 * 1.0 + 0.5 + 1.0) / 2
     assert estimate.left([0.5, 300.0]) == (5 * 1.0 + 0.5 + 0.0) / 2
+
+
+FULL_DISK = """
+set -e
+mount -t tmpfs -o size=8m tmpfs {disk}
+cp -a {course} {disk}/course
+cd {disk}/course
+dd if=/dev/zero of=filler bs=64k 2>/dev/null || true
+truncate -s -100k filler
+set +e
+{autograder} grade 03_function_basics --timeout 60 --jobs 1 2>first.err >/dev/null
+echo "first $?"
+ls autograded > saved.txt 2>/dev/null
+stat -c '%n %Y' autograded/*/*/*.ipynb > before.txt 2>/dev/null
+rm filler
+{autograder} grade 03_function_basics --timeout 60 --jobs 1 >/dev/null 2>&1
+echo "rerun $?"
+stat -c '%n %Y' autograded/*/*/*.ipynb > after.txt
+cp first.err saved.txt before.txt after.txt {out}
+"""
+
+
+def test_a_full_disk_is_one_line_and_a_rerun_after_freeing_it_finishes_the_rest(released, tmp_path):
+    """The course on a disk with ~100 KiB left (a tmpfs in a mount namespace of its own):
+    the run stops at the save that does not fit with one line and exit code 4, what was
+    saved before stays, and once space is freed a rerun grades only the rest."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    (tmp_path / "disk").mkdir()
+    script = FULL_DISK.format(disk=tmp_path / "disk", course=released, autograder=AUTOGRADER, out=tmp_path)
+    result = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                            capture_output=True, text=True, timeout=300)
+    if "mount:" in result.stderr:
+        pytest.skip(f"no tmpfs mount here: {result.stderr.strip()}")
+    codes = dict(line.split() for line in result.stdout.splitlines())
+    assert codes == {"first": "4", "rerun": "0"}, (result.stdout, result.stderr)
+    printed = (tmp_path / "first.err").read_text()
+    errors = [line for line in printed.splitlines() if line.startswith("error: ")]  # the rest is progress
+    assert len(errors) == 1 and "No space left on device" in errors[0] and "Traceback" not in printed, printed
+    before = (tmp_path / "before.txt").read_text().splitlines()
+    after = (tmp_path / "after.txt").read_text().splitlines()
+    assert len(after) == 2 and set(before) <= set(after)  # everyone graded, nobody saved before graded again

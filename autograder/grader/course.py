@@ -129,7 +129,8 @@ def _grade_all(todo, known, pool, preparer, writer, console, limits) -> list[rep
                 outcome.problems.append(f"not saved: the gradebook could not be written ({_first_line(error)}); "
                                         "run `autograder grade` again to grade it")
             except OSError as error:
-                raise GradingError(f"stopped while saving {key}: {error.strerror} ({error.filename}); what was saved "
+                where = f" ({error.filename})" if error.filename else ""
+                raise GradingError(f"stopped while saving {key}: {error.strerror or error}{where}; what was saved "
                                    "before stays saved: free the disk or fix the folder, and run again", FAILED) from None
             outcome.engine_cpu += spent.pop(key) + time.thread_time() - cpu
             outcomes.append(outcome)
