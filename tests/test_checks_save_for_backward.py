@@ -9,7 +9,10 @@ import nbformat
 import pytest
 import torch
 
+from answers import for_notebook
+
 from autograder import authoring
+from autograder.checks.answers import explanation, quiz_keys
 from autograder.checks.remote import Remote, loopback
 from autograder.student.report import CheckFailed
 from autograder.exercises.save_for_backward import check_saved_by, check_sigmoid, check_sort, check_tanh_
@@ -394,11 +397,27 @@ def test_the_grader_passes_a_right_answer_with_the_kernels_report(capsys, check,
 
 # --- The answer key of "error, silently wrong, or correct?" --------------------------------
 
-def _key() -> dict[str, str]:
+def _quiz() -> dict:
+    """{"key": ..., "explain": ...} of the quiz, from its hidden cell."""
     nb = nbformat.read(authoring.solution_path("06_save_for_backward"), as_version=4)
-    cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "check_what_happens_hidden")
-    call = next(n for n in ast.walk(ast.parse(cell.source)) if isinstance(n, ast.Call))
-    return ast.literal_eval(next(k.value for k in call.keywords if k.arg == "key"))
+    return quiz_keys(nb, "06_save_for_backward")["06_save_for_backward/what_happens"]
+
+
+def _key() -> dict[str, str]:
+    return _quiz()["key"]
+
+
+def test_the_key_and_every_known_wrong_answer_are_explained():
+    key, explain = _quiz()["key"], _quiz()["explain"]
+    for question, choice in key.items():
+        assert len(explanation(explain, question, choice) or "") > 30, question
+    wrong = {}  # {question: choice} of the known wrong answers, e.g. '"b": "error"'
+    for mutant in for_notebook("06_save_for_backward").MUTANTS:
+        for _, edited in mutant.edits if mutant.exercise == "what_happens" else ():
+            wrong.update(ast.literal_eval("{" + edited + "}"))
+    assert wrong
+    for question, choice in wrong.items():  # the misconception named, not only the key explained
+        assert explanation(explain, question, choice) not in (None, explanation(explain, question, key[question]))
 
 
 def _saves(ctx, t):

@@ -118,6 +118,7 @@ class Tanh_(torch.autograd.Function):
     wrong("what_happens", "thinks ctx attributes are version-checked", ('"b": "silently wrong"', '"b": "error"')),
     wrong("what_happens", "thinks .data is version-checked", ('"d": "silently wrong"', '"d": "error"')),
     wrong("what_happens", "thinks mark_dirty is optional", ('"g": "silently wrong"', '"g": "correct"')),
+    wrong("what_happens", "thinks a None gradient counts as zero", ('"i": "error"', '"i": "correct"')),
 ]
 
 VARIANTS = [
