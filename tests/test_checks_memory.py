@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from answers import memory as answers
 from autograder import authoring
+from autograder.checks.answers import quiz_keys
 from autograder.checks.remote import Remote, loopback
 from autograder.exercises import memory as m
 from autograder.student import memory
@@ -521,6 +522,13 @@ CLAIMS = {
 @pytest.mark.parametrize("question", sorted(CLAIMS))
 def test_the_answer_key_is_what_torch_does(question):
     assert _key()[question] == ("true" if CLAIMS[question]() else "false")
+
+
+def test_every_claim_is_explained_whichever_way_it_is_answered():
+    """The hidden cell explains the key and the tempting wrong answer of every claim."""
+    found = quiz_keys(nbformat.read(authoring.solution_path(SLUG), as_version=4), SLUG)[f"{SLUG}/claims"]
+    assert found["key"] == _key()
+    assert {q: set(lines) for q, lines in found["explain"].items()} == {q: {"true", "false"} for q in CLAIMS}
 
 
 def test_checkpoint_segments():
