@@ -389,6 +389,7 @@ MUTANTS = [
     wrong("claims", "thinks F.cross_entropy keeps no N × C matrix", ('"a": "true"', '"a": "false"')),
     wrong("claims", "thinks log(softmax) is as stable as log_softmax", ('"b": "false"', '"b": "true"')),
     wrong("claims", "thinks a saved log-sum-exp is differentiable again", ('"c": "true"', '"c": "false"')),
+    wrong("claims", "thinks saving the logits the caller holds copies them", ('"d": "true"', '"d": "false"')),
     wrong("claims", "thinks F.one_hot works under vmap", ('"e": "false"', '"e": "true"')),
     wrong("claims", "thinks keeping the logits always saves memory", ('"f": "false"', '"f": "true"')),
 ]
