@@ -133,9 +133,10 @@ def transform_cause(message: str, kind: str, facts: dict | None = None) -> str |
 def _fail_error(what: str, error: probe.ProbeError, shown: list[str], facts: dict | None = None,
                 hint: str | None = None) -> None:
     __tracebackhide__ = True
-    first = error.message.strip().splitlines()[0] if error.message.strip() else error.type
+    first = error.message.strip().splitlines()[0] if error.message.strip() else ""
+    said = f": {first[:300]}" if first and first != error.type else ""
     cause = transform_cause(error.message, error.type, facts) or hint
-    fail(f"{what} raised {error.type}: {first[:300]}", *shown, cause=cause)
+    fail(f"{what} raised {error.type}{said}", *shown, cause=cause)
 
 
 def _error_of(data: Any) -> probe.ProbeError | None:
