@@ -328,6 +328,60 @@ def test_max_error_only_at_ties_is_reported():
     assert "Max on an input with ties: backward raised RuntimeError: ties are not supported" in message
 
 
+def _max_squeezing_every_dim(ctx, x, dim, keepdim=False):
+    out = x.amax(dim, keepdim=True)
+    ctx.save_for_backward(x == out)
+    ctx.dim, ctx.keepdim = dim, keepdim
+    return out if keepdim else out.squeeze()  # also a batch of one
+
+
+def _max_squeeze_unsqueeze(ctx, g):  # the same for either keepdim, unless another dim has size 1
+    (is_max,) = ctx.saved_tensors
+    return g.squeeze().unsqueeze(ctx.dim) * _equal_split(is_max, ctx.dim), None, None
+
+
+def _max_shortcut_at_size_one(ctx, g):
+    (is_max,) = ctx.saved_tensors
+    if is_max.shape[ctx.dim] == 1:  # every entry is its slice's maximum; but keepdim=False?
+        return g, None, None
+    return _max(_equal_split).backward(ctx, g)
+
+
+SIZE_ONE_MISTAKES = [
+    (function(_max_squeezing_every_dim, _max(_equal_split).backward),
+     "Max on x of shape (1, 5) (dim = 1, keepdim = False): forward has shape (), expected (1,)",
+     "`squeeze()` without a dim removes every dim of size 1: the reduced one, and here also dim 0 of x"),
+    (function(_max_forward, _max_squeeze_unsqueeze),
+     "Max on x of shape (1, 5) (dim = 1, keepdim = False): backward raised IndexError",
+     "dim 0 of x has size 1 and is not reduced (like a batch of one)"),
+    (function(_max_forward, _max_shortcut_at_size_one),
+     "Max on x of shape (3, 1, 4) (dim = 1, keepdim = False): the gradient for `x` has shape (3, 4)",
+     "a reduced dim of size 1 is reduced like any other"),
+]
+
+
+@pytest.mark.parametrize("student, where, cause", SIZE_ONE_MISTAKES)
+def test_max_names_a_mistake_only_a_dim_of_size_one_shows(student, where, cause):
+    gp.check_max(student, specs=[spec for spec in gp.MAX_CASES if 1 not in spec[0]])  # right without such dims
+    message = fails(gp.check_max, student)
+    assert where in message and "it is right" in message and cause in message
+
+
+def test_max_hidden_dims_of_size_one():
+    gp.check_max(_max(_equal_split), specs=[((1, 2, 3), 2, False), ((4, 1), -1, False)], seed=None)
+    for student, _, _ in SIZE_ONE_MISTAKES:
+        assert "Max on x of shape" in fails(gp.check_max, student, specs=[((1, 2, 3), 2, False), ((4, 1), -1, False)])
+
+
+def test_max_mistake_of_any_shape_is_not_blamed_on_a_dim_of_size_one():
+    def no_unsqueeze(ctx, g):
+        (is_max,) = ctx.saved_tensors
+        return g * _equal_split(is_max, ctx.dim), None, None
+
+    message = fails(gp.check_max, function(_max_forward, no_unsqueeze))
+    assert message.startswith("Max: backward raised") and "size 1" not in message
+
+
 # --- 4.7 Conv2d --------------------------------------------------------------------------
 
 def _conv_forward(ctx, input, weight, bias=None, stride=1, padding=0):
@@ -452,6 +506,12 @@ def test_affine_verdicts_are_the_same_remotely(capsys, monkeypatch):
 def test_max_verdict_at_ties_is_the_same_remotely(capsys):
     message, _ = same_remotely(gp.check_max, _max(lambda is_max, dim: is_max), "Max", capsys)
     assert "every tied entry got the whole grad_output" in message
+
+
+@pytest.mark.parametrize("student, where, cause", SIZE_ONE_MISTAKES)
+def test_max_verdict_at_a_dim_of_size_one_is_the_same_remotely(student, where, cause, capsys):
+    message, _ = same_remotely(gp.check_max, student, "Max", capsys)
+    assert where in message and cause in message
 
 
 # --- the classes of mistakes this quality pass added checks for ---------------------------

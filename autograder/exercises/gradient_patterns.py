@@ -304,7 +304,10 @@ def check_mean(student: Any, *, specs: Sequence[Reduction] = MEAN_CASES, seed: i
 
 # --- 4.6 Max over a dim, ties split equally ----------------------------------------------
 
-MAX_CASES: tuple[Reduction, ...] = (((3, 3), 1, False), ((3, 4), 1, False), ((2, 3, 4), -2, True), ((5,), 0, False))
+MAX_CASES: tuple[Reduction, ...] = (
+    ((3, 3), 1, False), ((3, 4), 1, False), ((2, 3, 4), -2, True), ((5,), 0, False),
+    ((3, 1, 4), 1, False), ((1, 5), 1, False),  # a reduced dim of size 1, a batch of one
+)
 
 # Ties crafted to include two-way, three-way and all-equal ties, and ties below the maximum.
 CRAFTED_TIES: tuple[tuple, ...] = (
@@ -344,6 +347,8 @@ def check_max(student: Any, *, specs: Sequence[Reduction] = MAX_CASES, seed: int
     tie-free inputs only; inputs with ties are compared with torch.amax, which splits equally.
     """
     __tracebackhide__ = True
+    with quiet():
+        _check_dims_of_size_one(student, specs, inputs.generator(seed))
     check_function(student, replace(MAX, cases=_reduction_cases(specs, _distinct)), seed=seed)
     generator = inputs.generator(seed)
     ties = [*CRAFTED_TIES, *_reduction_cases(specs, _with_ties)(generator)]
@@ -354,13 +359,77 @@ def check_max(student: Any, *, specs: Sequence[Reduction] = MAX_CASES, seed: int
     passed(f"Max: at ties the gradient is split equally among the tied entries ({len(ties)} inputs with ties).")
 
 
+def _run_against_amax(student, args: tuple, generator: torch.Generator):
+    """(a random grad_output, the inputs shown in a message, torch.amax's run, the student's run)."""
+    x, dim, keepdim = args
+    grad_output = torch.randn(torch.amax(x, dim, keepdim).shape, generator=generator, dtype=x.dtype).to(x.device)
+    shown = [f"x = {show(x)}", f"dim = {dim}, keepdim = {keepdim}", f"grad_output = {show(grad_output)}"]
+    expected = probe.run(torch.amax, devices.prepare(args, x.device.type), [[grad_output]])
+    return grad_output, shown, expected, probe.run(student, args, [[grad_output]])
+
+
+def _check_dims_of_size_one(student, specs: Sequence[Reduction], generator: torch.Generator) -> None:
+    """Name a mistake that only a dim of size 1 shows: the student's Max is wrong with it and
+    right once that dim has size 2. Any other mistake is left to check_function's messages,
+    which show it on the inputs without such dims first."""
+    __tracebackhide__ = True
+    for x_shape, dim, keepdim in specs:
+        if 1 not in x_shape:
+            continue
+        twin = tuple(2 if n == 1 else n for n in x_shape)
+        found = _disagreement(student, devices.prepare((_distinct(x_shape, generator), dim, keepdim), "cpu"), generator)
+        if found is None or _disagreement(student, devices.prepare((_distinct(twin, generator), dim, keepdim), "cpu"),
+                                          generator):
+            continue
+        what, details, squeezed = found
+        fail(f"Max on x of shape {tuple(x_shape)} (dim = {dim}, keepdim = {keepdim}): {what}; "
+             f"on x of shape {twin} it is right.", *details,
+             cause=_size_one_cause(tuple(x_shape), dim, keepdim, squeezed))
+
+
+def _disagreement(student, args: tuple, generator: torch.Generator) -> tuple[str, list[str], bool] | None:
+    """How the student's Max disagrees with torch.amax on `args`: (what, the details to show,
+    whether forward dropped every dim of size 1), or None if it agrees."""
+    x, dim, keepdim = args
+    _, shown, expected, actual = _run_against_amax(student, args, generator)
+    want = expected.outputs[0]
+    out = actual.outputs[0] if actual.outputs else None
+    if out is not None and out.shape != want.shape:
+        squeezed = out.shape == torch.amax(x, dim, keepdim=True).squeeze().shape
+        return f"forward has shape {tuple(out.shape)}, expected {tuple(want.shape)}", shown[:2], squeezed
+    if actual.error:
+        what, _ = explain.error(actual.error.stage, actual.error.type, actual.error.message, ["x", "dim", "keepdim"],
+                                arg_shapes=[tuple(x.shape), None, None])
+        return what, shown, False
+    if out is None or not torch.allclose(out.cpu().to(want.dtype), want.cpu()):
+        return "forward has wrong values", [*shown[:2], f"expected {show(want)}", f"actual   {show(out)}"], False
+    want_grad, got = expected.grads[0][0].cpu(), actual.grads[0][0]
+    if got is None or got.shape != want_grad.shape or not torch.allclose(got.cpu().to(want_grad.dtype), want_grad):
+        return "wrong gradient for `x`", [*shown, f"expected {show(want_grad)}", f"actual   {show(got)}"], False
+    return None
+
+
+def _size_one_cause(x_shape: tuple[int, ...], dim: int, keepdim: bool, squeezed: bool) -> str:
+    others = [i for i, n in enumerate(x_shape) if n == 1 and i != dim % len(x_shape)]
+    also = f", and here also dim {', '.join(map(str, others))} of x" if others else ""
+    if squeezed:
+        return (f"`squeeze()` without a dim removes every dim of size 1: the reduced one{also}. "
+                "Remove only the reduced dim: `squeeze(dim)`.")
+    if x_shape[dim] == 1:
+        unsqueeze = (", but with keepdim=False that dim is gone from grad_output: put it back with "
+                     "`grad_output.unsqueeze(dim)` for this size too") if not keepdim else ""
+        return ("a reduced dim of size 1 is reduced like any other: each entry is the maximum of its slice and "
+                f"gets the whole grad_output{unsqueeze}. A special case for size 1, or a `squeeze()` without a dim, "
+                "gets this wrong.")
+    return (f"dim {', '.join(map(str, others))} of x has size 1 and is not reduced (like a batch of one), yet your "
+            "code treats it differently: most likely a `squeeze()` without a dim, which removes every dim of size 1, "
+            "not only the reduced one. Name the dim: `squeeze(dim)`, `unsqueeze(dim)`.")
+
+
 def _check_ties_once(student, args: tuple, generator: torch.Generator) -> None:
     __tracebackhide__ = True
     x, dim, keepdim = args
-    grad_output = torch.randn(torch.amax(x, dim, keepdim).shape, generator=generator, dtype=x.dtype).to(x.device)
-    expected = probe.run(torch.amax, devices.prepare(args, x.device.type), [[grad_output]])
-    actual = probe.run(student, args, [[grad_output]])
-    shown = [f"x = {show(x)}", f"dim = {dim}, keepdim = {keepdim}", f"grad_output = {show(grad_output)}"]
+    grad_output, shown, expected, actual = _run_against_amax(student, args, generator)
     if actual.error:
         what, cause = explain.error(actual.error.stage, actual.error.type, actual.error.message, ["x", "dim", "keepdim"])
         fail(f"Max on an input with ties: {what}.", *shown, cause=cause)

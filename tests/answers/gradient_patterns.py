@@ -182,6 +182,16 @@ class Max(torch.autograd.Function):
           ("grad_output * is_max / is_max.sum", "torch.ones_like(grad_output) * is_max / is_max.sum")),
     wrong("max", "returns one gradient for three inputs", (", None, None", "")),
     wrong("max", "forgets to unsqueeze the reduced dim", (_UNSQUEEZE, "")),
+    # right until a dim has size 1
+    wrong("max", "squeeze() without a dim in forward: a batch of one goes too",
+          ("return out if keepdim else out.squeeze(dim)", "return out if keepdim else out.squeeze()")),
+    wrong("max", "grad_output.squeeze().unsqueeze(dim) for either keepdim: a batch of one goes too",
+          (_UNSQUEEZE, "        grad_output = grad_output.squeeze().unsqueeze(ctx.dim)\n")),
+    wrong("max", "returns grad_output as it is when the reduced dim has size 1 (forgets keepdim=False)",
+          ("        (is_max,) = ctx.saved_tensors\n",
+           "        (is_max,) = ctx.saved_tensors\n"
+           "        if is_max.shape[ctx.dim] == 1:  # every entry is the maximum of its slice\n"
+           "            return grad_output, None, None\n")),
     # 4.7 Conv2d
     wrong("conv2d", "bias gradient summed over the batch only",
           ("grad_output.sum((0, 2, 3))", "grad_output.sum(0)")),
