@@ -15,6 +15,7 @@ and loops over the batch):
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
@@ -135,8 +136,12 @@ def _fail_error(what: str, error: probe.ProbeError, shown: list[str], facts: dic
     __tracebackhide__ = True
     first = error.message.strip().splitlines()[0] if error.message.strip() else ""
     said = f": {first[:300]}" if first and first != error.type else ""
-    cause = transform_cause(error.message, error.type, facts) or hint
-    fail(f"{what} raised {error.type}{said}", *shown, cause=cause)
+    kind = error.type
+    raised = re.search(r"raised exception (\w+)\(", error.message) if first == "Observed exception" else None
+    if raised:  # torch.compile met an exception of the student's own code: name it, not the compiler's wrapper
+        kind, said = raised.group(1), " inside the compiled code (it raises without torch.compile too)"
+    cause = transform_cause(error.message, kind, facts) or hint
+    fail(f"{what} raised {kind}{said}", *shown, cause=cause)
 
 
 def _error_of(data: Any) -> probe.ProbeError | None:
