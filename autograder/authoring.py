@@ -7,6 +7,7 @@ cell), `problems` lists what breaks the conventions nbgrader and the course rely
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -187,6 +188,46 @@ def normalize_all(root: Path = ROOT) -> list[str]:
             path.write_text(after)
             changed.append(slug)
     return changed
+
+
+VISIBLE_CHECKS = Path(__file__).resolve().parent / "student" / "visible_checks.json"
+
+
+def visible_checks(nb: NotebookNode) -> list[dict]:
+    """The visible check cells of a solution notebook, in order, as the summary cell runs
+    them: the exercise (from the last "## Exercise N.k" heading above), grade id, points
+    (0 for a check that scores nothing, such as a quiz's form), source, and the points of
+    the hidden check cell that follows it."""
+    found: list[dict] = []
+    exercise = ""
+    for cell in nb.cells:
+        if cell.cell_type == "markdown" and cell.source.startswith("## "):
+            heading = re.match(r"## Exercise (\d+\.\d+)", cell.source)
+            exercise = heading.group(1) if heading else ""
+        meta = _nbgrader(cell)
+        if cell.cell_type != "code" or meta.get("solution"):
+            continue
+        if not (meta.get("grade") or (meta.get("locked") and meta.get("grade_id", "").startswith("check"))):
+            continue
+        if "### BEGIN HIDDEN TESTS" in cell.source:
+            found[-1]["hidden_points"] += meta["points"]
+            continue
+        found.append({"exercise": exercise, "grade_id": meta["grade_id"],
+                      "points": meta.get("points", 0) if meta.get("grade") else 0,
+                      "source": cell.source, "hidden_points": 0})
+    return found
+
+
+def visible_checks_json(root: Path = ROOT) -> str:
+    """{slug: visible checks} of every notebook: what `write_visible_checks` writes."""
+    table = {slug: visible_checks(nbformat.read(solution_path(slug, root), as_version=4)) for slug in assignments(root)}
+    return json.dumps(table, indent=1, ensure_ascii=False) + "\n"
+
+
+def write_visible_checks(root: Path = ROOT) -> None:
+    """Write the summary cells' list of visible checks into the student package (release
+    does, as it writes course/): the checks' source stays the notebooks' own."""
+    VISIBLE_CHECKS.write_text(visible_checks_json(root))
 
 
 def use_this_environment() -> None:

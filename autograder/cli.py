@@ -19,7 +19,8 @@ def release() -> None:
     for slug in authoring.normalize_all():
         typer.echo(f"normalised solutions/{slug}")
     authoring.release()
-    typer.echo("course/ regenerated from solutions/")
+    authoring.write_visible_checks()
+    typer.echo("course/ regenerated from solutions/ (and the summary cells' list of visible checks)")
 
 
 @app.command()

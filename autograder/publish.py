@@ -54,6 +54,9 @@ Repository = "{url}"
 
 [tool.setuptools]
 packages = {packages}
+
+[tool.setuptools.package-data]
+"autograder.student" = ["visible_checks.json"]
 '''
 
 INIT = '''\

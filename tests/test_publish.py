@@ -88,6 +88,7 @@ def test_the_student_package_builds_a_wheel_without_the_instructor_side(public, 
     (wheel,) = tmp_path.glob("autograd_course_student-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "autograder/student/__init__.py" in names and "autograder/exercises/function_basics.py" in names
+    assert "autograder/student/visible_checks.json" in names  # the summary cells read it
     assert not [n for n in names if n.startswith(("autograder/grader", "autograder/runner", "autograder/isolation",
                                                     "autograder/cli", "autograder/authoring", "autograder/publish"))]
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()

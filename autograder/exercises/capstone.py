@@ -36,7 +36,6 @@ from ..student import capstone as student_side
 from ..student import devices, probe
 from ..student.report import CheckFailed, fail, note, passed, quiet, show
 from ..student.saved import Names, Recording, Saved
-from ..student.summary import VisibleCheck
 from .memory import Budget, judge_budget
 from .modern_api import (
     VmapCase,
@@ -558,32 +557,3 @@ def check_fused_compile(student: Any, *, cases: Sequence[Case] = COMPILE_CASES, 
 
 CLAIM_CHOICES = ("true", "false")
 CLAIM_QUESTIONS = "abcdef"
-
-
-VISIBLE_CHECKS = [
-    VisibleCheck("11.1", "check_values", 3, """\
-from autograder.exercises.capstone import check_fused_values
-
-check_fused_values(fused_cross_entropy)""", hidden_points=3),
-    VisibleCheck("11.1", "check_double_backward", 2, """\
-from autograder.exercises.capstone import check_fused_double_backward
-
-check_fused_double_backward(fused_cross_entropy)""", hidden_points=2),
-    VisibleCheck("11.1", "check_memory", 2, """\
-from autograder.exercises.capstone import check_fused_memory
-
-check_fused_memory(fused_cross_entropy)""", hidden_points=2),
-    VisibleCheck("11.1", "check_vmap", 2, """\
-from autograder.exercises.capstone import check_fused_vmap
-
-check_fused_vmap(fused_cross_entropy)""", hidden_points=2),
-    VisibleCheck("11.1", "check_compile", 1, """\
-from autograder.exercises.capstone import check_fused_compile
-
-check_fused_compile(fused_cross_entropy)""", hidden_points=1),
-    VisibleCheck("11.2", "check_claims", 0, """\
-from autograder.checks.answers import check_answers
-from autograder.exercises.capstone import CLAIM_CHOICES, CLAIM_QUESTIONS
-
-check_answers(claims, CLAIM_CHOICES, CLAIM_QUESTIONS, quiz="11_capstone/claims")""", hidden_points=3),
-]

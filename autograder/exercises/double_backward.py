@@ -13,7 +13,6 @@ from ..checks.saved import SaveRule, check_saved
 from ..student import devices, double_backward, probe
 from ..student.report import fail, note, passed, quiet, show
 from ..student.saved import Names
-from ..student.summary import VisibleCheck
 from .save_for_backward import check_finite, check_outputs
 
 
@@ -350,31 +349,3 @@ GRAPH_CHOICES = (
     "AccumulateGrad", "MulBackward0", "TanhBackward", "CubeBackward", "CubeBackwardBackward",
     "0", "1", "2", "3", "4",
 )
-
-
-# --- The visible checks, for the notebook's summary cell (autograder.student.summary) ------
-
-VISIBLE_CHECKS = [
-    VisibleCheck("7.1", "check_sinh_fixed", 2, """\
-from autograder.exercises.double_backward import check_sinh
-
-check_sinh(SinhFixed)""", hidden_points=2),
-    VisibleCheck("7.2", "check_sinh_intermediates", 3, """\
-from autograder.exercises.double_backward import check_sinh_intermediates
-
-check_sinh_intermediates(SinhWithIntermediates)""", hidden_points=3),
-    VisibleCheck("7.3", "check_cube_backward", 3, """\
-from autograder.exercises.double_backward import check_cube_backward
-
-check_cube_backward(CubeBackward)""", hidden_points=3),
-    VisibleCheck("7.4", "check_hvp", 3, """\
-from autograder.exercises.double_backward import check_hvp
-
-check_hvp(hvp)""", hidden_points=3),
-    VisibleCheck("7.5", "check_graph_answers", 0, """\
-from autograder.checks.answers import check_answers
-from autograder.exercises.double_backward import GRAPH_CHOICES, GRAPH_QUESTIONS
-
-check_answers(graph_answers, GRAPH_CHOICES, GRAPH_QUESTIONS, quiz="07_double_backward/graph_answers")""",
-                 hidden_points=4),
-]

@@ -15,7 +15,6 @@ from ..checks.saved import SaveRule, check_saved
 from ..student import devices, introspect, probe
 from ..student.report import fail, passed, quiet, show
 from ..student.saved import Names
-from ..student.summary import VisibleCheck
 
 
 def _habits(student: Any, name: str, args: tuple, names: Sequence[str]) -> None:
@@ -290,27 +289,3 @@ def _fail_facts(error: probe.ProbeError, when: str) -> None:
 # --- 3.4 When to write a Function ----------------------------------------------------------
 
 WHEN_TO_WRITE_CHOICES = ("composite", "function", "derivatives.yaml")
-
-
-# --- The visible checks, for the notebook's summary cell (autograder.student.summary) ------
-
-VISIBLE_CHECKS = [
-    VisibleCheck("3.1", "check_clipped_relu", 2, """\
-from autograder.exercises.function_basics import check_clipped_relu
-
-check_clipped_relu(ClippedReLU)""", hidden_points=2),
-    VisibleCheck("3.2", "check_linear", 2, """\
-from autograder.exercises.function_basics import check_linear
-
-check_linear(Linear)""", hidden_points=2),
-    VisibleCheck("3.3", "check_polar_to_cartesian", 2, """\
-from autograder.exercises.function_basics import check_polar_to_cartesian
-
-check_polar_to_cartesian(PolarToCartesian)""", hidden_points=2),
-    VisibleCheck("3.4", "check_when_to_write", 0, """\
-from autograder.checks.answers import check_answers
-from autograder.exercises.function_basics import WHEN_TO_WRITE_CHOICES
-
-check_answers(when_to_write, WHEN_TO_WRITE_CHOICES, "abcdefg", quiz="03_function_basics/when_to_write")""",
-                 hidden_points=3),
-]

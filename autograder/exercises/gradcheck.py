@@ -22,7 +22,6 @@ from ..checks import explain, inputs
 from ..student import devices, gradcheck, probe
 from ..checks.functions import FunctionSpec, check_function
 from ..student.report import fail, note, passed, quiet, show
-from ..student.summary import VisibleCheck
 
 Jacobians = list[list[torch.Tensor]]
 
@@ -752,38 +751,3 @@ def _check_where(label: str, case: Approximation, where: float, worst: float) ->
     if error[at].max().item() < worst - 1e-8:
         fail(f"{label}: at x = {where:.6g} the error is {error[at].max().item():.6g}, "
              f"but the largest is {worst:.6g}.", cause="return the x of the entry with the largest error.")
-
-
-# --- The visible checks, for the notebook's summary cell (autograder.student.summary) ------
-
-VISIBLE_CHECKS = [
-    VisibleCheck("5.1", "check_numerical_jacobian", 2, """\
-from autograder.exercises.gradcheck import check_numerical_jacobian
-
-check_numerical_jacobian(numerical_jacobian)""", hidden_points=2),
-    VisibleCheck("5.2", "check_mini_gradcheck", 2, """\
-from autograder.exercises.gradcheck import check_mini_gradcheck
-
-check_mini_gradcheck(mini_gradcheck, analytical_jacobian)""", hidden_points=3),
-    VisibleCheck("5.3", "check_diagnoses", 0, """\
-from autograder.checks.answers import check_answers
-from autograder.exercises.gradcheck import DIAGNOSIS_CHOICES
-
-check_answers(diagnoses, DIAGNOSIS_CHOICES, "abcdefg", quiz="05_gradcheck/diagnoses")""", hidden_points=3),
-    VisibleCheck("5.4", "check_softmax", 1, """\
-from autograder.exercises.gradcheck import check_softmax
-
-check_softmax(Softmax)""", hidden_points=1),
-    VisibleCheck("5.4", "check_sincos", 1, """\
-from autograder.exercises.gradcheck import check_sincos
-
-check_sincos(SinCos)""", hidden_points=1),
-    VisibleCheck("5.4", "check_lerp", 1, """\
-from autograder.exercises.gradcheck import check_lerp
-
-check_lerp(Lerp)""", hidden_points=1),
-    VisibleCheck("5.5", "check_max_gradient_error", 2, """\
-from autograder.exercises.gradcheck import check_max_gradient_error
-
-check_max_gradient_error(max_gradient_error)""", hidden_points=2),
-]

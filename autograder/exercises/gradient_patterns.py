@@ -11,7 +11,6 @@ from ..checks import explain, inputs
 from ..student import devices, gradient_patterns, probe
 from ..checks.functions import FunctionSpec, check_function, check_returned_shapes
 from ..student.report import fail, note, passed, quiet, show
-from ..student.summary import VisibleCheck
 
 Shape = Sequence[int]
 Mistakes = Sequence[tuple[Callable[[], torch.Tensor], str]]
@@ -35,8 +34,6 @@ def _known_mistake(actual: torch.Tensor, mistakes: Mistakes) -> str | None:
         if candidate.shape == actual.shape and torch.allclose(candidate, actual.to(candidate.dtype)):
             return cause
     return None
-
-
 
 
 # --- 4.1 GELU ----------------------------------------------------------------------------
@@ -497,37 +494,3 @@ def check_conv2d(student: Any, *, sizes: Sequence[ConvSizes] = CONV_SIZES, seed:
     """Conv2d(input, weight, bias=None, stride=1, padding=0) = F.conv2d(...)."""
     __tracebackhide__ = True
     check_function(student, replace(CONV2D, cases=_conv_cases(sizes)), seed=seed)
-
-
-# --- The visible checks, for the notebook's summary cell (autograder.student.summary) ------
-
-VISIBLE_CHECKS = [
-    VisibleCheck("4.1", "check_gelu", 2, """\
-from autograder.exercises.gradient_patterns import check_gelu
-
-check_gelu(GELU)""", hidden_points=2),
-    VisibleCheck("4.2", "check_batched_matmul", 2, """\
-from autograder.exercises.gradient_patterns import check_batched_matmul
-
-check_batched_matmul(BatchedMatmul)""", hidden_points=2),
-    VisibleCheck("4.3", "check_unbroadcast", 2, """\
-from autograder.exercises.gradient_patterns import check_unbroadcast
-
-check_unbroadcast(unbroadcast)""", hidden_points=2),
-    VisibleCheck("4.4", "check_affine", 2, """\
-from autograder.exercises.gradient_patterns import check_affine
-
-check_affine(Affine)""", hidden_points=2),
-    VisibleCheck("4.5", "check_mean", 2, """\
-from autograder.exercises.gradient_patterns import check_mean
-
-check_mean(Mean)""", hidden_points=2),
-    VisibleCheck("4.6", "check_max", 2, """\
-from autograder.exercises.gradient_patterns import check_max
-
-check_max(Max)""", hidden_points=2),
-    VisibleCheck("4.7", "check_conv2d", 2, """\
-from autograder.exercises.gradient_patterns import check_conv2d
-
-check_conv2d(Conv2d)""", hidden_points=2),
-]

@@ -15,7 +15,6 @@ import torch
 from ..checks import inputs
 from ..student import probe, tape
 from ..student.report import passed, quiet, show
-from ..student.summary import VisibleCheck
 from .tape_autograd import (
     OpCase,
     _close,
@@ -105,33 +104,3 @@ def check_exp_mul(operator_exp_mul: Callable[..., Any], *, programs: int = 0, se
     extra = f", also at every use in {programs} random programs" if programs else ""
     passed("exp_mul: values, gradients (for every combination of output gradients, None included) and gradients "
            "of gradients are right on shapes " + ", ".join(map(str, EXP_MUL_SHAPES)) + extra + ".")
-
-
-# --- the notebook's visible checks, for its summary cell (autograder.student.summary) ----
-
-# Exactly the notebook's visible check cells, in order (tests/test_quizzes_and_summary.py
-# compares them with the solution notebook). The quizzes' visible checks score nothing:
-# their keys are in the hidden cells only.
-VISIBLE_CHECKS = [
-    VisibleCheck("2.1", "check_hvp", 2, """\
-from autograder.exercises.higher_order_and_fusion import check_hvp
-
-check_hvp(hvp)""", hidden_points=2),
-    VisibleCheck("2.2", "check_tape_reading", 0, """\
-from autograder.checks.answers import check_answers
-
-check_answers(tape_reading, ["a", "b", "t", "v0", "unused", "escape", "skipped", "yes", "no"],
-              ["escaped", "why_none", "first_order_right"], quiz="02_higher_order_and_fusion/tape_reading")""",
-                 hidden_points=2),
-    VisibleCheck("2.3", "check_exp_mul", 3, """\
-from autograder.exercises.higher_order_and_fusion import check_exp_mul
-
-check_exp_mul(operator_exp_mul)""", hidden_points=2),
-    VisibleCheck("2.4", "check_pytorch_names", 0, """\
-from autograder.checks.answers import check_answers
-
-NAMES = ["save_for_backward", "needs_input_grad", "set_materialize_grads", "extra output", "grad_fn",
-         "next_functions", "backward"]
-check_answers(pytorch_names, NAMES, "abcdefg", quiz="02_higher_order_and_fusion/pytorch_names")""",
-                 hidden_points=2),
-]

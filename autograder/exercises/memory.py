@@ -17,7 +17,6 @@ from ..checks.saved import STASHED, check_backward_left_alone, observe
 from ..student import devices, introspect, memory, probe
 from ..student.report import fail, note, passed, quiet, show
 from ..student.saved import Names, Recording, Saved, describe
-from ..student.summary import VisibleCheck
 
 Needs = tuple[bool, ...]  # per argument of the call: a tensor that requires grad
 
@@ -771,30 +770,3 @@ def _check_packed(r: dict, shown: list[str]) -> None:
 
 CLAIM_CHOICES = ("true", "false")
 CLAIM_QUESTIONS = "abcdefgh"
-
-
-# --- The visible checks, for the notebook's summary cell (autograder.student.summary) ------
-
-VISIBLE_CHECKS = [
-    VisibleCheck("8.1", "check_leaky_relu", 2, """\
-from autograder.exercises.memory import check_leaky_relu
-
-check_leaky_relu(LeakyReLU)""", hidden_points=2),
-    VisibleCheck("8.2", "check_linear_relu", 3, """\
-from autograder.exercises.memory import check_linear_relu
-
-check_linear_relu(LinearReLU)""", hidden_points=3),
-    VisibleCheck("8.3", "check_checkpoint", 3, """\
-from autograder.exercises.memory import check_checkpoint
-
-check_checkpoint(Checkpoint)""", hidden_points=3),
-    VisibleCheck("8.4", "check_save_as_bf16", 3, """\
-from autograder.exercises.memory import check_save_as_bf16
-
-check_save_as_bf16(save_as_bf16)""", hidden_points=3),
-    VisibleCheck("8.5", "check_claims", 0, """\
-from autograder.checks.answers import check_answers
-from autograder.exercises.memory import CLAIM_CHOICES, CLAIM_QUESTIONS
-
-check_answers(claims, CLAIM_CHOICES, CLAIM_QUESTIONS, quiz="08_memory/claims")""", hidden_points=4),
-]

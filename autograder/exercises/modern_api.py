@@ -27,7 +27,6 @@ from ..checks.functions import FunctionSpec, check_function
 from ..student import devices, probe
 from ..student import modern_api as student_side
 from ..student.report import fail, passed, quiet, shape, show
-from ..student.summary import VisibleCheck
 
 Shape = Sequence[int]
 Reference = Callable[..., Any]
@@ -835,25 +834,3 @@ def check_logsumexp_op(op: Any, *, cases: Sequence[OpCase] = OP_CASES, compiled:
                   in_graph=f"{NAMESPACE}.logsumexp", facts=facts)
     passed(f"logsumexp under torch.compile(backend='aot_eager', fullgraph=True): forward and gradients agree "
            f"({', '.join(str(tuple(c[0].shape)) for c in compile_cases)}), and the graph calls the op.")
-
-
-# --- The visible checks, for the notebook's summary cell (autograder.student.summary) ------
-
-VISIBLE_CHECKS = [
-    VisibleCheck("10.1", "check_clipped_relu", 2, """\
-from autograder.exercises.modern_api import check_clipped_relu
-
-check_clipped_relu(ClippedReLU)""", hidden_points=2),
-    VisibleCheck("10.2", "check_vmap_rule", 3, """\
-from autograder.exercises.modern_api import check_vmap_rule
-
-check_vmap_rule(SquaredDistance)""", hidden_points=3),
-    VisibleCheck("10.3", "check_swish_jvp", 3, """\
-from autograder.exercises.modern_api import check_swish_jvp
-
-check_swish_jvp(Swish)""", hidden_points=3),
-    VisibleCheck("10.4", "check_logsumexp_op", 3, """\
-from autograder.exercises.modern_api import check_logsumexp_op
-
-check_logsumexp_op(logsumexp)""", hidden_points=3),
-]

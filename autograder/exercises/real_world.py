@@ -14,7 +14,6 @@ from ..checks.saved import SaveRule, check_saved
 from ..student import devices, probe, real_world
 from ..student.report import fail, note, passed, quiet, show
 from ..student.saved import Names
-from ..student.summary import VisibleCheck
 
 Shape = Sequence[int]
 Cases = Callable[[torch.Generator], list[tuple]]
@@ -592,29 +591,3 @@ def _loss_cause(loss0: float, expected: float, logits0: torch.Tensor, y: torch.T
         if math.isclose(loss0, value, rel_tol=1e-4, abs_tol=1e-5):
             return cause
     return "loss(x, y) = mean over i of LogSumExp(logits_i over the classes) − logits_i[y_i], with logits = self(x)."
-
-
-# --- The visible checks, for the notebook's summary cell (autograder.student.summary) ------
-
-VISIBLE_CHECKS = [
-    VisibleCheck("9.1", "check_swish", 2, """\
-from autograder.exercises.real_world import check_swish
-
-check_swish(Swish)""", hidden_points=2),
-    VisibleCheck("9.2", "check_logsumexp", 2, """\
-from autograder.exercises.real_world import check_logsumexp
-
-check_logsumexp(LogSumExp)""", hidden_points=2),
-    VisibleCheck("9.3", "check_grad_reverse", 1, """\
-from autograder.exercises.real_world import check_grad_reverse
-
-check_grad_reverse(GradReverse)""", hidden_points=1),
-    VisibleCheck("9.4", "check_fixed_point", 3, """\
-from autograder.exercises.real_world import check_fixed_point
-
-check_fixed_point(TanhFixedPoint)""", hidden_points=3),
-    VisibleCheck("9.5", "check_swish_classifier", 2, """\
-from autograder.exercises.real_world import check_classifier
-
-check_classifier(SwishClassifier)""", hidden_points=2),
-]

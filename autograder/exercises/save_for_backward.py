@@ -12,7 +12,6 @@ from ..checks.functions import FunctionSpec, check_function
 from ..student.report import fail, passed, quiet, show
 from ..checks.saved import SaveRule, check_saved
 from ..student.saved import KINDS, Names, Recording, non_leaf, record
-from ..student.summary import VisibleCheck
 
 Cases = Callable[[torch.Generator], list[tuple]]
 
@@ -479,31 +478,3 @@ def check_sort(student: type[torch.autograd.Function], *,
 # --- Exercise: error, silently wrong, or correct? -----------------------------------------
 
 WHAT_HAPPENS_CHOICES = ("error", "silently wrong", "correct")
-
-
-# --- The visible checks, for the notebook's summary cell (autograder.student.summary) ------
-
-VISIBLE_CHECKS = [
-    VisibleCheck("6.1", "check_saved_by", 2, """\
-from autograder.exercises.save_for_backward import check_saved_by
-
-check_saved_by(saved_by, kept_alive)""", hidden_points=2),
-    VisibleCheck("6.2", "check_sigmoid", 2, """\
-from autograder.exercises.save_for_backward import check_sigmoid
-
-check_sigmoid(Sigmoid)""", hidden_points=2),
-    VisibleCheck("6.3", "check_tanh_", 2, """\
-from autograder.exercises.save_for_backward import check_tanh_
-
-check_tanh_(Tanh_)""", hidden_points=2),
-    VisibleCheck("6.4", "check_sort", 2, """\
-from autograder.exercises.save_for_backward import check_sort
-
-check_sort(Sort)""", hidden_points=2),
-    VisibleCheck("6.5", "check_what_happens", 0, """\
-from autograder.checks.answers import check_answers
-from autograder.exercises.save_for_backward import WHAT_HAPPENS_CHOICES
-
-check_answers(what_happens, WHAT_HAPPENS_CHOICES, "abcdefghij", quiz="06_save_for_backward/what_happens")""",
-                 hidden_points=4),
-]

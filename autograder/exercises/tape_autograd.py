@@ -38,7 +38,6 @@ import torch
 from ..checks import inputs
 from ..student import probe, tape
 from ..student.report import fail, passed, quiet, shape, show
-from ..student.summary import VisibleCheck
 
 RTOL, ATOL = 1e-7, 1e-10
 TORCH_OPS = tape.TORCH_OPS
@@ -1007,35 +1006,6 @@ def check_topological_order(
     extra = f", {programs} random programs" if programs else ""
     chain = f" and a {DEEP:,}-deep chain" if deep else ""
     passed(f"topological_order: valid on shared values{extra}{chain}.")
-
-
-# --- the notebook's visible checks, for its summary cell (autograder.student.summary) ----
-
-# Exactly the notebook's visible check cells, in order (tests/test_quizzes_and_summary.py
-# compares them with the solution notebook).
-VISIBLE_CHECKS = [
-    VisibleCheck("1.1", "check_basic_ops", 3, """\
-from autograder.exercises.tape_autograd import check_ops
-
-check_ops(operator_mul, operator_add, operator_sum, operator_expand)""", hidden_points=2),
-    VisibleCheck("1.2", "check_more_ops", 3, """\
-from autograder.exercises.tape_autograd import check_ops
-
-check_ops(operator_exp, operator_sin, operator_cos, operator_matmul)""", hidden_points=2),
-    VisibleCheck("1.3", "check_grad", 3, """\
-from autograder.exercises.tape_autograd import check_grad
-
-check_grad(grad)""", hidden_points=2),
-    VisibleCheck("1.4", "check_topological_order", 3, """\
-from autograder.exercises.tape_autograd import check_topological_order
-
-check_topological_order(topological_order)""", hidden_points=2),
-    VisibleCheck("", "check_whole_tape", 0, """\
-from autograder.exercises.tape_autograd import check_whole_tape
-
-check_whole_tape(grad, operator_mul, operator_add, operator_sum, operator_expand,
-                 operator_exp, operator_sin, operator_cos, operator_matmul)"""),
-]
 
 
 # --- notebook 02's checks live in higher_order_and_fusion (one module per notebook) ------
