@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,13 @@ def test_grades_png_shows_totals_statuses_mean_and_median(graded):
     assert found.statuses["s05"] == "flagged" and found.statuses["s07"] == "failed"
     assert sum(s == "graded" for s in found.statuses.values()) == 10
     assert found.top == points(SLUG) and len(found.totals) == 12
+    top = report.draw(found, SLUG).axes[0]
+    legend = [text.get_text() for text in top.get_legend().get_texts()]
+    totals = list(found.totals.values())
+    assert f"mean {statistics.fmean(totals):.1f}" in legend and f"median {statistics.median(totals):g}" in legend
+    assert {"flagged for review (1)", "failed (not fully run) (1)"} <= set(legend), legend
+    stacked = [round(sum(bar.get_height() for bar in bars)) for bars in top.containers]
+    assert stacked == [10, 1, 1]  # graded, flagged, failed: every submission drawn once
     png = graded.root / "reports" / SLUG / "grades.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     SCREENSHOTS.mkdir(exist_ok=True)

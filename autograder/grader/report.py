@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import nbformat
 from nbgrader import utils
@@ -14,6 +15,9 @@ from nbgrader.api import Gradebook, MissingEntry
 from rich.table import Table
 
 from .discover import Submission
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 @dataclass
@@ -133,12 +137,19 @@ def plot(db_url: str, course_id: str, assignment: str, source: Path, out: Path,
          failed: set[str] = frozenset()) -> Path | None:
     """The class's total points (bins of one width, stacked by status: graded, flagged for
     review, failed; mean and median marked) above each exercise's mean share of its points."""
-    from matplotlib.figure import Figure  # no pyplot: nothing global, nothing interactive
-    from matplotlib.ticker import MaxNLocator, PercentFormatter
-
     found = scores(db_url, course_id, assignment, source, failed)
     if not found.totals:
         return None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    draw(found, assignment).savefig(out, dpi=100)
+    return out
+
+
+def draw(found: Scores, assignment: str) -> Figure:
+    """The figure `plot` saves."""
+    from matplotlib.figure import Figure  # no pyplot: nothing global, nothing interactive
+    from matplotlib.ticker import MaxNLocator, PercentFormatter
+
     students = sorted(found.totals)
     totals = [found.totals[s] for s in students]
     edges, width = even_bins(found.top)
@@ -171,9 +182,7 @@ def plot(db_url: str, course_id: str, assignment: str, source: Path, out: Path,
     for y, share in enumerate(shares):
         bottom_ax.text(min(share, 0.9) + 0.01, y, f"{share:.0%}", va="center", fontsize=8)
     figure.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=100)
-    return out
+    return figure
 
 
 LMS_HEADER = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
