@@ -23,7 +23,7 @@ from grading import Course
 pytestmark = pytest.mark.slow
 SLUG = "03_function_basics"
 STUDENTS = [f"s{k:02d}" for k in range(12)]
-RANDOM_KILLS, SAVE_KILLS = 14, 9  # at least 20 in all
+RANDOM_KILLS, SAVE_KILLS = 12, 9  # at least 20 in all
 # A grader that kills itself at one step of its `at`-th save: before the gradebook
 # transaction, inside it (writing the autograded notebooks), or after its commit and
 # before the folder moves into autograded/.
