@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -153,17 +153,23 @@ HAS_OUTPUT = (
 )
 
 
-def wait_for_output(page, code: str, text: str, timeout: float = 120_000) -> None:
-    """Until the cell whose code contains `code` has an output containing `text`. Cells sent
-    while JupyterLab asked for a kernel never ran: after Select, Run All again."""
+def wait_until(page, ready: Callable[[], bool], what: str, timeout: float = 120_000) -> None:
+    """Until `ready()`, after Run All. Cells sent while JupyterLab asked which kernel to use
+    never ran: after Select, Run All again."""
     deadline = time.monotonic() + timeout / 1000
-    while not page.evaluate(HAS_OUTPUT, [code, text]):
+    while not ready():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"no output containing {text!r} under the cell {code!r} after {timeout / 1000:g} s")
+            raise TimeoutError(f"no {what} after {timeout / 1000:g} s")
         if _select_kernel(page):
             page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
             run_all(page)
         page.wait_for_timeout(500)
+
+
+def wait_for_output(page, code: str, text: str, timeout: float = 120_000) -> None:
+    """Until the cell whose code contains `code` has an output containing `text`."""
+    wait_until(page, lambda: page.evaluate(HAS_OUTPUT, [code, text]),
+               f"output containing {text!r} under the cell {code!r}", timeout)
 
 
 def menu_titles(page) -> list[str]:

@@ -99,7 +99,7 @@ def test_a_student_sees_the_graphs_of_notebook_07(student_lab):
         browser.open_notebook(page, base, f"{GRAPHS}/{GRAPHS}.ipynb")
         browser.run_all(page)
         svg = page.locator(".jp-RenderedSVG").first
-        svg.wait_for(timeout=120_000)
+        browser.wait_until(page, lambda: svg.count() > 0, "graph drawn as SVG")
         browser.element_screenshot(page.locator(".jp-Cell:has(.jp-RenderedSVG)").first, "student-graph-07")
         assert "SquareBackward" in svg.inner_html()
         text = page.locator(".jp-Notebook:visible").inner_text()
