@@ -153,16 +153,24 @@ HAS_OUTPUT = (
 )
 
 
+IDLE = ".jp-Notebook-ExecutionIndicator[data-status='idle']"
+AGAIN = 15.0  # seconds the kernel may sit idle after Run All before it is clicked again
+
+
 def wait_until(page, ready: Callable[[], bool], what: str, timeout: float = 120_000) -> None:
-    """Until `ready()`, after Run All. Cells sent while JupyterLab asked which kernel to use
-    never ran: after Select, Run All again."""
+    """Until `ready()`, after Run All. Cells sent while JupyterLab asked which kernel to use,
+    or while a busy machine was still starting it, never ran: a person would click Select
+    and Run All again, and so does this."""
     deadline = time.monotonic() + timeout / 1000
+    clicked = time.monotonic()
     while not ready():
         if time.monotonic() > deadline:
             raise TimeoutError(f"no {what} after {timeout / 1000:g} s")
-        if _select_kernel(page):
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+        selected = _select_kernel(page)
+        if selected or (time.monotonic() - clicked > AGAIN and page.locator(IDLE).count()):
+            page.wait_for_selector(IDLE, timeout=60_000)
             run_all(page)
+            clicked = time.monotonic()
         page.wait_for_timeout(500)
 
 
