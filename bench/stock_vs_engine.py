@@ -2,15 +2,16 @@
 
 Builds a throwaway course with every notebook in solutions/ and, for each, at least 20
 students (--students): model solutions, known wrong and unusual right answers
-(tests/answers), crashes (os._exit, an exception) and hangs (a loop that ignores SIGINT; a
-loop inside a function the checks call, e.g. backward), mixed in one batch as a class
-hands them in. Two identical copies are graded, one by each tool, with the same time budget
+(tests/answers: --known of each kind per notebook, spread over its exercises; --all-known
+for every one, about an hour of stock nbgrader), crashes (os._exit, an exception) and
+hangs (a loop that ignores SIGINT; a loop inside a function the checks call, e.g.
+backward), mixed in one batch as a class hands them in. Two identical copies are graded, one by each tool, with the same time budget
 (--timeout: per cell for nbgrader, per notebook for the engine). The engine grades the
 batch twice, just before and just after stock, because a shared machine's speed drifts
 during stock's minutes: each engine run is compared with the same stock run. Prints a
 markdown table and writes it to bench/results/.
 
-    .venv/bin/python bench/stock_vs_engine.py [--students 20] [--timeout 10] [--jobs N]
+    .venv/bin/python bench/stock_vs_engine.py [--students 20] [--known 5 | --all-known] [--timeout 10] [--jobs N]
 """
 from __future__ import annotations
 
@@ -85,15 +86,25 @@ def _loop_in_first_function(source: str) -> str | None:
     return None
 
 
-def submissions(slug: str, count: int) -> dict[str, tuple[str, dict[str, str]]]:
-    """{student: (kind, answers)} for one notebook: every known answer, crashes, hangs, model solutions."""
+def spread(answers: list, known: int | None) -> list:
+    """The first `known` of `answers` (all if None), taken from each exercise in turn."""
+    by_exercise: dict[str, list] = {}
+    for answer in answers:
+        by_exercise.setdefault(answer.exercise, []).append(answer)
+    turns = [group[i] for i in range(max(map(len, by_exercise.values()), default=0))
+             for group in by_exercise.values() if i < len(group)]
+    return turns if known is None else turns[:known]
+
+
+def submissions(slug: str, count: int, known: int | None) -> dict[str, tuple[str, dict[str, str]]]:
+    """{student: (kind, answers)} for one notebook: known answers, crashes, hangs, model solutions."""
     model = solutions(slug)
     first = next(iter(model))
     answers = for_notebook(slug)
     found: dict[str, tuple[str, dict[str, str]]] = {}
-    for k, a in enumerate(answers.MUTANTS):
+    for k, a in enumerate(spread(answers.MUTANTS, known)):
         found[f"wrong{k:02d}"] = ("wrong", {**model, a.exercise: a.apply(model[a.exercise])})
-    for k, a in enumerate(answers.VARIANTS):
+    for k, a in enumerate(spread(answers.VARIANTS, known)):
         found[f"right{k:02d}"] = ("right", {**model, a.exercise: a.apply(model[a.exercise])})
     found["crash_exception"] = ("crash_exception", {**model, first: "raise RuntimeError('my code breaks')\n" + model[first]})
     found["crash_exit"] = ("crash_exit", {**model, first: model[first] + "\nimport os\nos._exit(1)"})
@@ -198,6 +209,9 @@ def scores(course: Course) -> dict[tuple[str, str], float | None]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--students", type=int, default=20, help="students per assignment (at least)")
+    parser.add_argument("--known", type=int, default=5,
+                        help="known wrong answers, and known right ones, per assignment (spread over its exercises)")
+    parser.add_argument("--all-known", action="store_true", help="every known answer (about an hour of stock nbgrader)")
     parser.add_argument("--timeout", type=int, default=10,
                         help="time budget: per cell for nbgrader, per notebook for the engine")
     parser.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)))
@@ -212,7 +226,7 @@ def main() -> None:
     course = Course(work / "course", slugs)
     kinds, assignment = {}, {}
     for slug in slugs:
-        for student, (kind, answers) in submissions(slug, args.students).items():
+        for student, (kind, answers) in submissions(slug, args.students, None if args.all_known else args.known).items():
             course.submit(student, slug, answers)
             kinds[student], assignment[student] = kind, slug
     honest = [s for s, k in kinds.items() if k not in HANGS]

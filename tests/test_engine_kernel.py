@@ -10,6 +10,7 @@ from nbgrader.utils import determine_grade
 
 from autograder.isolation import sandbox
 from autograder.grader.scan import imported
+from autograder.grader.prepare import compiles
 from autograder.isolation.limits import Limits
 from autograder.grader.pool import Pool
 from autograder.grader.records import Program
@@ -115,9 +116,9 @@ def test_cut_output_keeps_what_scores(ran):
 
 
 def test_workers_preload_what_the_notebooks_import_and_stay_single_threaded():
-    """Preloaded once in the warm worker, a module is already there for every notebook;
-    the worker, which forks, still runs one thread after importing what all of the
-    course's notebooks import."""
+    """Preloaded once in the warm worker, a module is already there for every notebook, and
+    so is the compiler's machinery once it has compiled; the worker, which forks, still runs
+    one thread after importing what all of the course's notebooks import and compiling."""
     root = Path(__file__).resolve().parent.parent
     modules = list(dict.fromkeys(
         name for notebook in sorted((root / "course").glob("*/*.ipynb"))
@@ -125,13 +126,24 @@ def test_workers_preload_what_the_notebooks_import_and_stay_single_threaded():
         for name in imported(cell.source)
     ))
     assert "matplotlib.pyplot" in modules and "torchviz" in modules
-    probe = Program([(0, "probe", "import os, sys\n('matplotlib.pyplot' in sys.modules, len(os.listdir(f'/proc/{os.getppid()}/task')))")])
+    probe = Program([(0, "probe", "import os, sys\n('matplotlib.pyplot' in sys.modules, 'functorch.compile' in sys.modules, "
+                                  "len(os.listdir(f'/proc/{os.getppid()}/task')))")])
     with Pool(1, sandbox.probe(True, root), root, Limits(timeout=60)) as pool:
         before = pool.workers[0].run(probe, Limits(timeout=60))
         pool.preload(modules)
-        after = pool.workers[0].run(probe, Limits(timeout=60))
-    assert before.cells[0].outputs[0]["data"]["text/plain"] == "(False, 1)"
-    assert after.cells[0].outputs[0]["data"]["text/plain"] == "(True, 1)"
+        imported_only = pool.workers[0].run(probe, Limits(timeout=60))
+        pool.preload(modules, compiles=True)
+        compiled = pool.workers[0].run(probe, Limits(timeout=60))
+    assert before.cells[0].outputs[0]["data"]["text/plain"] == "(False, False, 1)"
+    assert imported_only.cells[0].outputs[0]["data"]["text/plain"] == "(True, False, 1)"
+    assert compiled.cells[0].outputs[0]["data"]["text/plain"] == "(True, True, 1)"
+
+
+def test_the_workers_compile_once_for_the_notebooks_that_compile():
+    root = Path(__file__).resolve().parent.parent
+    calling = {notebook.stem for notebook in (root / "course").glob("*/*.ipynb")
+               if compiles(nbformat.read(notebook, as_version=4).cells)}
+    assert calling == {"10_modern_api", "11_capstone"}
 
 
 def test_imported_names_the_modules_a_cell_imports():

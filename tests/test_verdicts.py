@@ -3,11 +3,13 @@ wire format) agree with the checks run in the student's own kernel, on the model
 solutions and on every known wrong and right answer."""
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import textwrap
 import threading
 import traceback
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -147,3 +149,70 @@ def test_every_syntax_tree_of_the_grader_is_built_under_one_lock():
         assert not done.wait(0.5)
     thread.join(10)
     assert done.is_set()
+
+
+GLOBAL_TORCH_STATE = {"dual_level", "fork_rng", "manual_seed", "set_rng_state"}  # forward AD's level, the default generator
+
+
+def _unguarded_global_state(tree: ast.AST) -> list[int]:
+    """Lines that call GLOBAL_TORCH_STATE outside a `with process_wide` block (a Generator
+    object's own manual_seed is local: `torch.Generator().manual_seed(...)`, `found.manual_seed`)."""
+    found = []
+
+    def visit(node: ast.AST, guarded: bool) -> None:
+        if isinstance(node, ast.With):
+            guarded = guarded or any(isinstance(item.context_expr, ast.Name) and item.context_expr.id == "process_wide"
+                                     for item in node.items)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in GLOBAL_TORCH_STATE:
+            owner = node.func.value
+            on_torch = isinstance(owner, ast.Name) and owner.id in ("torch", "fwAD") or isinstance(owner, ast.Attribute)
+            if on_torch and not guarded:
+                found.append(node.lineno)
+        for child in ast.iter_child_nodes(node):
+            visit(child, guarded)
+
+    visit(tree, False)
+    return found
+
+
+def test_checks_use_torch_state_global_to_the_process_one_thread_at_a_time():
+    """The grader judges several notebooks at once, a thread each; forward AD's level and the
+    default generator are one for the whole process (a right Swish of 10_modern_api lost its
+    hidden points to "Nested forward mode AD is not supported" when two were judged at once).
+    Every such use in the grader's checks is under `process_wide`, and four threads computing
+    reference tangents at once all succeed."""
+    import torch
+
+    from autograder.exercises import modern_api
+
+    root = Path(__file__).resolve().parent.parent / "autograder"
+    unguarded = {str(path.relative_to(root)): lines for package in ("checks", "exercises")
+                 for path in sorted((root / package).glob("*.py"))
+                 if (lines := _unguarded_global_state(ast.parse(path.read_text())))}
+    assert not unguarded, f"global torch state used outside `with process_wide` at {unguarded}"
+    assert _unguarded_global_state(ast.parse("import torch\nwith torch.random.fork_rng():\n    torch.manual_seed(0)")) == [2, 3]
+
+    x, t = torch.randn(50, dtype=torch.float64), torch.randn(50, dtype=torch.float64)
+    want = torch.cos(x) * x * t + torch.sin(x) * t
+    failures = []
+
+    def tangents():
+        for _ in range(200):
+            try:
+                (got,) = modern_api._reference_jvp(lambda a: torch.sin(a) * a, (x,), (t,))
+                if not torch.allclose(got, want):
+                    failures.append("wrong tangent")
+            except RuntimeError as error:
+                failures.append(str(error))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    try:
+        threads = [threading.Thread(target=tangents) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not failures, failures[:3]

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from ..checks import explain, inputs
 from ..checks.functions import FunctionSpec, check_function
 from ..checks.saved import STASHED, check_backward_left_alone, observe
+from ..checks.shared_state import process_wide
 from ..student import devices, introspect, memory, probe
 from ..student.report import fail, note, passed, quiet, show
 from ..student.saved import Names, Recording, Saved, describe
@@ -463,7 +464,7 @@ def _check_random(student: Any, args: tuple, seed: int) -> None:
     grad_output = grad_output.to(args[0].device)
     ref_args = tuple(a.detach().clone().requires_grad_(a.requires_grad) for a in args)
     devices_ = sorted({a.device.index or 0 for a in args if a.is_cuda})
-    with torch.random.fork_rng(devices=devices_):
+    with process_wide, torch.random.fork_rng(devices=devices_):
         torch.manual_seed(seed)
         want_out = block(*ref_args)
         wrt = [a for a in ref_args if a.requires_grad]

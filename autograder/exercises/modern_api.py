@@ -24,6 +24,7 @@ from torch.autograd.gradcheck import GradcheckError
 
 from ..checks import explain, inputs
 from ..checks.functions import FunctionSpec, check_function
+from ..checks.shared_state import process_wide
 from ..student import devices, probe
 from ..student import modern_api as student_side
 from ..student.report import fail, passed, quiet, shape, show
@@ -354,7 +355,7 @@ def _reference_jvp(reference: Reference, args: Sequence[Any], tangents: Sequence
     """Output tangents of the reference (torch operations) with forward_ad; zero if None."""
     import torch.autograd.forward_ad as fwAD
 
-    with fwAD.dual_level():
+    with process_wide, fwAD.dual_level():
         duals = [fwAD.make_dual(a.detach(), t) if isinstance(t, torch.Tensor) else
                  (a.detach() if isinstance(a, torch.Tensor) else a) for a, t in zip(args, tangents)]
         outs = probe.outputs_of(reference(*duals))

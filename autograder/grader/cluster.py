@@ -94,9 +94,9 @@ class Grading(WorkerPlugin):
 
     idempotent = False
 
-    def __init__(self, root: str, sandboxed: bool, limits: Limits, modules: list[str], expected: dict[str, str],
-                 topic: str) -> None:
-        self.root, self.sandboxed, self.limits, self.modules = root, sandboxed, limits, modules
+    def __init__(self, root: str, sandboxed: bool, limits: Limits, modules: list[str], compiles: bool,
+                 expected: dict[str, str], topic: str) -> None:
+        self.root, self.sandboxed, self.limits, self.modules, self.compiles = root, sandboxed, limits, modules, compiles
         self.expected, self.topic = expected, topic
 
     def setup(self, worker) -> Any:
@@ -124,7 +124,7 @@ class Grading(WorkerPlugin):
         try:
             slots = self._take_slots()
             self.pool = Pool(self.jobs, self.isolation, Path(self.root), self.limits, slots=slots)
-            self.pool.preload(self.modules)
+            self.pool.preload(self.modules, self.compiles)
             warm(self.modules)
         except BaseException as error:  # noqa: BLE001 - told to every task, which fails over to another worker
             self.error = error
@@ -310,9 +310,9 @@ class ClusterPool:
             self._size, self._looked = sum(self._threads().values()), time.monotonic()
         return max(self._size, 1)
 
-    def preload(self, modules: list[str]) -> None:
+    def preload(self, modules: list[str], compiles: bool = False) -> None:
         """Start the grading pool on every Dask worker (and on those that join later)."""
-        plugin = Grading(str(self.options.root), self.options.sandbox, self.options.limits, modules, fingerprint(),
+        plugin = Grading(str(self.options.root), self.options.sandbox, self.options.limits, modules, compiles, fingerprint(),
                          self.topic)
         try:
             self.client.register_plugin(plugin, name=self.plugin)

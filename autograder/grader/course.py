@@ -53,8 +53,9 @@ def _grade(options: Options, config: Config, pool: Pool, console: Console) -> tu
         released = Path(coursedir.format_path(coursedir.release_directory, ".", "."))
         with closing(Preparer(coursedir.db_url, coursedir.course_id, config, released)) as preparer, \
                 closing(Writer(coursedir, config)) as writer:
-            modules = preparer.imports({s.assignment: known[s.assignment] for s in todo})
-            pool.preload(modules)
+            notebooks = {s.assignment: known[s.assignment] for s in todo}
+            modules = preparer.imports(notebooks)
+            pool.preload(modules, preparer.compiles(notebooks))
             warm(modules)
             outcomes = _grade_all(todo, known, pool, preparer, writer, console, options.limits)
     pool.close()  # the workers' memory and CPU go to what follows

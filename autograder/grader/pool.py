@@ -55,6 +55,7 @@ class Worker:
         self.process: subprocess.Popen | None = None
         self.starts = 0
         self.modules: list[str] = []  # to preload, also after a restart
+        self.compiles = False
 
     def start(self) -> None:
         ours, theirs = socket.socketpair()
@@ -71,13 +72,13 @@ class Worker:
         self.control = Channel(ours)
         self.control.send(launch.config.to_message())
         self.ready = False
-        if self.modules:
-            self.preload(self.modules)
+        if self.modules or self.compiles:
+            self.preload(self.modules, self.compiles)
 
-    def preload(self, modules: list[str]) -> None:
-        self.modules = modules
+    def preload(self, modules: list[str], compiles: bool) -> None:
+        self.modules, self.compiles = modules, compiles
         try:
-            self.control.send({"op": "preload", "modules": modules})
+            self.control.send({"op": "preload", "modules": modules, "compiles": compiles})
         except OSError:  # it died: started again (preloading these) before its next notebook
             self.kill()
 
@@ -273,10 +274,11 @@ class Pool:
     def size(self) -> int:
         return len(self.workers)
 
-    def preload(self, modules: list[str]) -> None:
-        """Have every worker import `modules` before its first notebook (call before `submit`)."""
+    def preload(self, modules: list[str], compiles: bool = False) -> None:
+        """Have every worker import `modules`, and compile once if `compiles`, before its first
+        notebook (call before `submit`)."""
         for worker in self.workers:
-            worker.preload(modules)
+            worker.preload(modules, compiles)
 
     def submit(self, key: Any, programs: list[Program]) -> None:
         self.todo.put((key, programs))

@@ -116,6 +116,11 @@ def _only_comments(source: str) -> bool:
     return all(not line.strip() or line.lstrip().startswith("#") for line in source.splitlines())
 
 
+def compiles(cells: list) -> bool:
+    """Whether a code cell among `cells` calls torch.compile."""
+    return any(cell.get("cell_type") == "code" and "torch.compile(" in cell.source for cell in cells)
+
+
 class Preparer:
     """Reads, checks and sanitizes the submitted notebooks of one course (close it when done)."""
 
@@ -159,6 +164,11 @@ class Preparer:
                     if cell.get("cell_type") == "code":
                         found.update(dict.fromkeys(imported(cell.source)))
         return list(found)
+
+    def compiles(self, notebooks: dict[str, set[str]]) -> bool:
+        """Whether the released notebooks call torch.compile (the workers then compile once
+        before the first notebook, instead of paying the compiler's start in each)."""
+        return any(compiles(self._given(assignment, name)) for assignment, names in notebooks.items() for name in names)
 
     def close(self) -> None:
         self.gradebook.close()

@@ -4,7 +4,7 @@ passes from one submission to the next.
 
 Started by the grader as `python -I -m autograder.runner.zygote CONTROL_FD`, inside
 the sandbox. Control messages: the grader sends its configuration, then "preload" (the
-modules the notebooks to grade import), "run" (with the child's channel as a passed
+modules the notebooks to grade import, and whether they compile), "run" (with the child's channel as a passed
 descriptor) or "stop"; the worker answers "ready" once, then "exited" after each child,
 with its exit status and resource use. A "kill" during a run ends the child and
 everything it started.
@@ -89,13 +89,14 @@ def main(control_fd: int) -> None:
         if message["op"] == "stop":
             return
         if message["op"] == "preload":
-            preload(message["modules"])
+            preload(message["modules"], message["compiles"])
         if message["op"] == "run":
             _run(control, config, message, buffers, fds, wake_read, shell)
 
 
-def preload(modules: list[str]) -> None:
-    """Import, once for all children, what the notebooks import (matplotlib, torchviz, ...).
+def preload(modules: list[str], compiles: bool) -> None:
+    """Import, once for all children, what the notebooks import (matplotlib, torchviz, ...),
+    and compile once if they call torch.compile.
 
     The names come from the instructor's notebooks; their imports must start no threads
     (this process forks)."""
@@ -104,8 +105,29 @@ def preload(modules: list[str]) -> None:
             importlib.import_module(name)
         except Exception:  # the notebook meets the same error in its own process, and reports it
             pass
+    if compiles:
+        _compile_once()
     gc.collect()
     gc.freeze()
+
+
+def _compile_once() -> None:
+    """The first torch.compile of a process costs a second or more (dynamo, fake tensors,
+    AOTAutograd, sympy): pay it here, for a Function forward and backward as the notebooks do."""
+    import torch
+
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * 2
+
+    x = torch.ones(2, requires_grad=True)
+    torch.autograd.grad(torch.compile(lambda t: Twice.apply(t).sum(), backend="aot_eager", fullgraph=True)(x), x)
+    torch._dynamo.reset()  # children start with nothing compiled
 
 
 def _run(control: Channel, config: WorkerConfig, message: dict, buffers: list[bytes], fds: list[int], wake: int, shell) -> None:
