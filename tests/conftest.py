@@ -17,6 +17,7 @@ def pytest_addoption(parser):
                      help="compare with stock nbgrader on every known answer, not on a sample (`make compare-stock`)")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the groups
 def pytest_collection_modifyitems(items):
     """Tests sharing a notebook's graded course run in the same worker (graded once)."""
     for item in items:

@@ -1,4 +1,8 @@
-"""The conda environment, pyproject.toml and the pinned constraints agree."""
+"""The conda environment, pyproject.toml and the pinned constraints agree, and the test
+runner they pin groups a notebook's tests in one worker."""
+import re
+import subprocess
+import sys
 import tomllib
 
 import yaml
@@ -44,3 +48,21 @@ def test_pins_match_the_locked_environment():
         if spec.startswith("=="):
             assert version == spec.removeprefix("=="), name
         assert Version(version) in Requirement(f"{name}{spec}").specifier, name
+
+
+def test_the_tests_of_one_graded_notebook_share_a_worker():
+    """--dist loadgroup sends the tests of one notebook's class batch to one worker, which
+    grades it once (pytest 9.2 with pytest-xdist 3.8 drops the groups silently, and so did a
+    conftest hook that ran after xdist's: every batch was graded in both workers, minutes of
+    `make test`)."""
+    planned = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "--setup-plan",
+         "tests/test_grading.py", "tests/test_engine_scores.py"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert planned.returncode == 0, planned.stdout[-2000:]
+    ids = re.findall(r"^(tests/\S+::\S+)", planned.stdout, re.M)
+    graded = [i for i in ids if "[" in i and "three_wrong" not in i]
+    assert len(graded) > 50
+    ungrouped = [i for i in graded if not re.search(r"\[(\w+)\]@\1$", i)]
+    assert not ungrouped, ungrouped[:3]

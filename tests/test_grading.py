@@ -94,13 +94,17 @@ def test_only_answers_worth_a_look_are_flagged(graded):
 @pytest.mark.slow
 def test_feedback_has_scores_and_no_hidden_tests(graded):
     """Not in sources, and not quoted by the messages of failing hidden tests either: neither
-    in `autograder grade --feedback`'s pages nor in stock `nbgrader generate_feedback`'s."""
+    in `autograder grade --feedback`'s pages (every submission) nor in stock `nbgrader
+    generate_feedback`'s (for wrong0, a wrong answer to every exercise)."""
     course, slug = graded.course, graded.slug
     hidden = _hidden_lines(authoring.solution_path(slug).read_text())
     assert hidden
     _assert_no_hidden(course, slug, hidden)
     nbgrader = Path(sys.executable).with_name("nbgrader")
-    stock = subprocess.run([str(nbgrader), "generate_feedback", slug, "--force"], cwd=course.root, capture_output=True, text=True)
+    page = course.root / "feedback" / "wrong0" / slug / f"{slug}.html"
+    page.unlink()
+    stock = subprocess.run([str(nbgrader), "generate_feedback", slug, "--student", "wrong0", "--force"], cwd=course.root,
+                           capture_output=True, text=True)
     assert stock.returncode == 0, stock.stderr
     _assert_no_hidden(course, slug, hidden)
 
