@@ -98,19 +98,27 @@ def test_each_cell_is_judged_with_the_students_names_as_they_are_then():
 
 def test_warm_pays_the_graders_first_call_costs_before_any_verdict():
     """The check modules the notebooks import load, and the first gradient given
-    grad_outputs imports nothing more; the students' own modules stay out of the grader."""
+    grad_outputs imports nothing more; for notebooks that compile, neither does the first
+    forward-mode derivative (torch._dynamo is loaded), and for others torch._dynamo is not;
+    the students' own modules stay out of the grader."""
     code = textwrap.dedent("""
         import sys, torch
         from autograder.grader.verdicts import warm
-        warm(["autograder.exercises.tape_autograd", "matplotlib", "autograder.no_such_module"])
+        warm(["autograder.exercises.tape_autograd", "matplotlib", "autograder.no_such_module"], compiles=COMPILES)
         before = set(sys.modules)
         x = torch.ones(2, requires_grad=True)
         torch.autograd.grad(x.sin().sum(), x, torch.tensor(1.0))
-        print("autograder.exercises.tape_autograd" in before, "matplotlib" in before, sorted(set(sys.modules) - before))
+        if COMPILES:
+            with torch.autograd.forward_ad.dual_level():
+                torch.autograd.forward_ad.make_dual(x.detach(), x.detach()).sin()
+        print("autograder.exercises.tape_autograd" in before, "matplotlib" in before, "torch._dynamo" in before,
+              sorted(set(sys.modules) - before))
     """)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["True", "False", "[]"]
+    for compiles in (False, True):
+        done = subprocess.run([sys.executable, "-c", code.replace("COMPILES", str(compiles))], capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["True", "False", str(compiles), "[]"]
 
 
 def test_a_module_the_notebook_imported_is_the_graders_own():

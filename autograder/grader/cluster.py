@@ -125,7 +125,7 @@ class Grading(WorkerPlugin):
             slots = self._take_slots()
             self.pool = Pool(self.jobs, self.isolation, Path(self.root), self.limits, slots=slots)
             self.pool.preload(self.modules, self.compiles)
-            warm(self.modules)
+            warm(self.modules, self.compiles)
         except BaseException as error:  # noqa: BLE001 - told to every task, which fails over to another worker
             self.error = error
             self.ready.set()

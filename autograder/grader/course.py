@@ -54,9 +54,9 @@ def _grade(options: Options, config: Config, pool: Pool, console: Console) -> tu
         with closing(Preparer(coursedir.db_url, coursedir.course_id, config, released)) as preparer, \
                 closing(Writer(coursedir, config)) as writer:
             notebooks = {s.assignment: known[s.assignment] for s in todo}
-            modules = preparer.imports(notebooks)
-            pool.preload(modules, preparer.compiles(notebooks))
-            warm(modules)
+            modules, compiles = preparer.imports(notebooks), preparer.compiles(notebooks)
+            pool.preload(modules, compiles)
+            warm(modules, compiles)
             outcomes = _grade_all(todo, known, pool, preparer, writer, console, options.limits)
     pool.close()  # the workers' memory and CPU go to what follows
     graded = sorted({o.submission.assignment for o in outcomes})

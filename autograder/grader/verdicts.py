@@ -27,6 +27,7 @@ from nbgrader.utils import get_partial_grade
 from ..checks import inputs
 from ..student import probe
 from ..checks.remote import Remote, RemoteError, Transport
+from ..checks.shared_state import process_wide
 from ..student.serve import resolve
 from . import syntax
 from .records import Verdict
@@ -118,16 +119,21 @@ class Judge:
                            self.names, graded)
 
 
-def warm(modules: list[str]) -> None:
+def warm(modules: list[str], compiles: bool = False) -> None:
     """Pay the grader's first-call costs before the first verdict: the check modules the
-    test cells import, and what torch imports at the first gradient given grad_outputs
-    (sympy, about 0.5 s). Paid during a verdict, they would hold up every judge at once."""
+    test cells import, what torch imports at the first gradient given grad_outputs (sympy,
+    about 0.5 s), and for notebooks that use the compiler, torch._dynamo and the jvp
+    decompositions, which the first forward-mode derivative and some of torch's own
+    operations import (1.5 s). Paid during a verdict, they would hold up every judge at once."""
     for name in modules:
         if name.split(".")[0] == __package__.split(".")[0]:
             with contextlib.suppress(ImportError):  # the test cell meets the same error, and reports it
                 importlib.import_module(name)
     x = torch.ones(1, requires_grad=True)
     torch.autograd.grad(x * 2, x, torch.ones(1))
+    if compiles:
+        with process_wide, torch.autograd.forward_ad.dual_level():
+            torch.autograd.forward_ad.make_dual(x.detach(), x.detach()) * 2
 
 
 def verdicts(cells: list, transport: Transport) -> list[Verdict]:

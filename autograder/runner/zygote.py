@@ -53,6 +53,8 @@ def warm():
     with Mode():
         torch.ones(2).sum()
     torch.empty(2, device="meta").clamp(0, 1)  # loads torch._dynamo
+    with torch.autograd.forward_ad.dual_level():  # the first loads torch's jvp decompositions
+        torch.autograd.forward_ad.make_dual(x.detach(), x.detach()) * 2
     shell.transform_cell("x = 1\n")
     class Wrong(torch.autograd.Function):  # the error wrong answers meet most, raised in torch's backward
         @staticmethod
