@@ -4,9 +4,9 @@ passes from one submission to the next.
 
 Started by the grader as `python -I -m autograder.runner.zygote CONTROL_FD`, inside
 the sandbox. Control messages: the grader sends its configuration, then "preload" (the
-modules the notebooks to grade import, and whether they compile), "run" (with the child's channel as a passed
-descriptor) or "stop"; the worker answers "ready" once, then "exited" after each child,
-with its exit status and resource use. A "kill" during a run ends the child and
+modules the notebooks to grade import, and whether they compile), "run" (with the child's
+channel as a passed descriptor) or "stop"; the worker answers "ready" once, then "exited"
+after each child, with its exit status and resource use. A "kill" during a run ends the child and
 everything it started.
 """
 from __future__ import annotations
