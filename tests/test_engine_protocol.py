@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from autograder.runner.protocol import Channel, ChannelClosed, ProtocolError
+from autograder.runner.protocol import MAX_HEADER, TEXT, Channel, ChannelClosed, ProtocolError, Undecodable
 
 
 @pytest.fixture
@@ -69,3 +69,58 @@ def test_descriptors_are_dropped_unless_accepted(pair):
         sender.send({"op": "x"}, fds=[f.fileno()])
     _, _, fds = receiver.receive(timeout=5)
     assert fds == [] and len(os.listdir("/proc/self/fd")) == before
+
+
+def test_long_strings_travel_beside_a_small_header(pair):
+    """Outputs and sources leave the JSON header, so its parsed size stays bounded; a
+    string that looks like a marker (it starts with NUL) travels as text too."""
+    a, b = socket.socketpair()
+    sender, receiver = Channel(a), Channel(b, limit=1 << 24)
+    long, marker_like = "é" * (TEXT * 4), "\x00" + "0"
+    message = {"op": "executed", "outputs": [{"text": long, "short": "x", "other": marker_like}], long[:5]: 1}
+    sender.send(message, buffers=[b"tensor"])
+    got, buffers, _ = receiver.receive(timeout=5)
+    assert got == message and buffers == [b"tensor"]
+    a.close(), b.close()
+
+
+def _frame(header: bytes) -> bytes:
+    return struct.pack(">I", len(header)) + header
+
+
+@pytest.mark.parametrize("header", [
+    b'{"buffers":[],"x":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    b'{"buffers":[],"x":' + b"1" * 5000 + b"}",
+], ids=["nested too deeply", "an integer of 5000 digits"])
+def test_what_cannot_be_decoded_is_named_so(header):
+    a, b = socket.socketpair()
+    receiver = Channel(b, limit=1 << 24)
+    a.sendall(_frame(header))
+    with pytest.raises(Undecodable):
+        receiver.receive(timeout=5)
+    a.close(), b.close()
+
+
+def test_a_header_is_refused_before_it_is_parsed():
+    a, b = socket.socketpair()
+    receiver = Channel(b, limit=1 << 30)
+    a.sendall(struct.pack(">I", MAX_HEADER + 1))
+    with pytest.raises(Undecodable, match="header"):
+        receiver.receive(timeout=5)
+    a.close(), b.close()
+
+
+@pytest.mark.parametrize("marker", ["\\u00009", "\\u0000\u00b2", "\\u0000" + "9" * 5000], ids=["missing", "unicode digit", "huge index"])
+def test_a_text_marker_must_name_a_text_buffer(pair, marker):
+    sender, receiver = pair
+    sender.sock.sendall(_frame(('{"buffers":[],"texts":[1],"x":"' + marker + '"}').encode()) + b"a")
+    with pytest.raises(ProtocolError):
+        receiver.receive(timeout=5)
+
+
+def test_a_closed_peer_is_named_closed_when_sending(pair):
+    sender, receiver = pair
+    receiver.close()
+    with pytest.raises(ChannelClosed):
+        for _ in range(100):
+            sender.send({"op": "x"}, buffers=[b"0" * 65536])

@@ -23,6 +23,7 @@ from ..isolation.limits import TRUNCATED
 
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 KEPT = 1024  # characters of a result or error name kept past the output budget
+STRUCTURE = 512  # bytes of budget an output costs besides its text: their number stays bounded
 NO_TRACEBACK = ["ERROR: An error occurred while showtraceback was disabled"]  # nbgrader's text
 
 
@@ -65,23 +66,37 @@ class Recorder:
         if last is not None and last["output_type"] == "stream" and last["name"] == name:
             if not last["text"].endswith(f"{TRUNCATED}\n"):
                 last["text"] += self._spend(text)
-        else:
+        elif not (self.budget <= 0 and self._cut(name)):  # past the budget, one cut output per stream
+            self.budget = max(self.budget - STRUCTURE, 0)
             self._append({"output_type": "stream", "name": name, "text": self._spend(text)})
 
+    def _cut(self, name: str) -> bool:
+        """Whether the cell has an output of stream `name` that was cut."""
+        return any(o.get("name") == name and o["text"].endswith(f"{TRUNCATED}\n") for o in self.outputs)
+
     def rich(self, output: dict[str, Any]) -> None:
-        """A display_data or execute_result output; over budget only the start of its text survives
-        (enough for a number, which nbgrader reads as partial credit)."""
+        """A display_data or execute_result output. Over budget a display is dropped (one
+        note says so), and only the start of a result's text survives (enough for a number,
+        which nbgrader reads as partial credit)."""
         self.drain()
         data = output["data"]
-        size = sum(len(v) if isinstance(v, str) else len(str(v)) for v in data.values())
-        if size > self.budget:
-            output = {**output, "data": {"text/plain": str(data.get("text/plain", ""))[:KEPT]}, "metadata": {}}
-        else:
+        size = STRUCTURE + sum(len(str(v)) for v in (*data.values(), output["metadata"]))
+        if size <= self.budget:
             self.budget -= size
+        elif output["output_type"] == "display_data":
+            self.budget = 0
+            if not self._cut("stdout"):
+                self._append({"output_type": "stream", "name": "stdout", "text": f"{TRUNCATED}\n"})
+            return
+        else:
+            output = {**output, "data": {"text/plain": str(data.get("text/plain", ""))[:KEPT]}, "metadata": {}}
         self._append(output)
 
     def error(self, ename: str, evalue: str, traceback: list[str]) -> None:
         self.drain()
+        if self.budget <= 0 and any(o["output_type"] == "error" for o in self.outputs):
+            return  # past the budget, one error per cell (what scores it)
+        self.budget = max(self.budget - STRUCTURE, 0)
         text = self._spend("\n".join(traceback))
         self._append({"output_type": "error", "ename": ename[:KEPT], "evalue": evalue[:KEPT], "traceback": text.split("\n")})
 

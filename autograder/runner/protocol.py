@@ -7,6 +7,13 @@ A message is a JSON object, optionally followed by raw byte buffers (tensor data
 The header lists the buffers' lengths under "buffers". Nothing is ever unpickled: what
 comes from a process that ran student code is untrusted, and JSON plus bytes cannot
 execute anything when read. Every read is bounded by the channel's limit.
+
+Parsed JSON costs far more memory than its text (an empty list: 3 bytes of JSON, about 60
+of Python), so the header is kept small: strings of `TEXT` characters or more (cell
+outputs, source code) travel as raw buffers of their own, named in the header by a marker
+string that starts with NUL (a string that starts with NUL always travels so), and a
+header larger than `MAX_HEADER` is refused before it is parsed. What cannot be decoded
+(too large a header, nested too deeply, an integer of thousands of digits) is `Undecodable`.
 """
 from __future__ import annotations
 
@@ -18,6 +25,9 @@ from typing import Any, Sequence
 
 _LENGTH = struct.Struct(">I")
 MAX_FDS = 4  # a control message carries at most a few descriptors
+MAX_HEADER = 8 << 20  # bytes of JSON in one message: at most ~25 times that once parsed
+TEXT = 1024  # strings at least this long travel as raw buffers
+MARK = "\x00"  # starts every string in a header that stands for a text buffer
 
 
 class ProtocolError(Exception):
@@ -26,6 +36,11 @@ class ProtocolError(Exception):
 
 class ChannelClosed(ProtocolError):
     """The other side closed the channel (it exited or was killed)."""
+
+
+class Undecodable(ProtocolError):
+    """A message beyond the limits of what is decoded: too large a header, nested too
+    deeply, a number too large."""
 
 
 class Channel:
@@ -44,12 +59,19 @@ class Channel:
         self.sock.close()
 
     def send(self, message: dict[str, Any], buffers: Sequence[bytes] = (), fds: Sequence[int] = ()) -> None:
-        header = json.dumps({**message, "buffers": [len(b) for b in buffers]}, separators=(",", ":")).encode()
-        frame = b"".join([_LENGTH.pack(len(header)), header, *buffers])
-        if fds:
-            socket.send_fds(self.sock, [frame[:1]], list(fds))
-            frame = frame[1:]
-        self.sock.sendall(frame)
+        """Raises ChannelClosed when the other side is gone."""
+        texts: list[bytes] = []
+        lifted = _lift(message, texts)
+        header = json.dumps({**lifted, "buffers": [len(b) for b in buffers], "texts": [len(t) for t in texts]},
+                            separators=(",", ":")).encode()
+        frame = b"".join([_LENGTH.pack(len(header)), header, *buffers, *texts])
+        try:
+            if fds:
+                socket.send_fds(self.sock, [frame[:1]], list(fds))
+                frame = frame[1:]
+            self.sock.sendall(frame)
+        except (BrokenPipeError, ConnectionResetError) as error:
+            raise ChannelClosed(f"the other side closed the channel ({error.strerror})") from None
 
     def receive(self, timeout: float | None = None) -> tuple[dict[str, Any], list[bytes], list[int]]:
         """The next message, its buffers and any descriptors passed with it.
@@ -60,20 +82,18 @@ class Channel:
         self.sock.settimeout(timeout)
         fds: list[int] = []
         (size,) = _LENGTH.unpack(self._read(_LENGTH.size, fds))
-        if size > self.limit:
-            raise ProtocolError(f"message header of {size} bytes exceeds the limit of {self.limit}")
-        try:
-            message = json.loads(self._read(size, fds))
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise ProtocolError(f"message is not JSON: {error}") from None
+        if size > min(self.limit, MAX_HEADER):
+            raise Undecodable(f"a message header of {size} bytes, more than the limit of {min(self.limit, MAX_HEADER)}")
+        message = _parse(self._read(size, fds))
         lengths = message.pop("buffers", None) if isinstance(message, dict) else None
-        if not isinstance(message, dict) or not isinstance(lengths, list) or not all(
-            isinstance(n, int) and n >= 0 for n in lengths
-        ):
-            raise ProtocolError("message is not a JSON object with a list of buffer lengths")
-        if size + sum(lengths) > self.limit:
-            raise ProtocolError(f"message of {size + sum(lengths)} bytes exceeds the limit of {self.limit}")
-        return message, [self._read(n, fds) for n in lengths], fds
+        text_lengths = message.pop("texts", []) if isinstance(message, dict) else None
+        if not isinstance(message, dict) or not _lengths(lengths) or not _lengths(text_lengths):
+            raise ProtocolError("message is not a JSON object with lists of buffer lengths")
+        if size + sum(lengths) + sum(text_lengths) > self.limit:
+            raise ProtocolError(f"message of {size + sum(lengths) + sum(text_lengths)} bytes exceeds the limit of {self.limit}")
+        buffers = [self._read(n, fds) for n in lengths]
+        texts = [self._read(n, fds) for n in text_lengths]
+        return _restore(message, texts), buffers, fds
 
     def _read(self, n: int, fds: list[int]) -> bytes:
         data = bytearray()
@@ -92,3 +112,60 @@ class Channel:
             data += chunk
             self.received += len(chunk)
         return bytes(data)
+
+
+def _lengths(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(n, int) and n >= 0 for n in value)
+
+
+def _parse(data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ProtocolError(f"message is not JSON: {error}") from None
+    except RecursionError:
+        raise Undecodable("a message nested too deeply to decode") from None
+    except ValueError as error:  # an integer of thousands of digits
+        raise Undecodable(f"a message with a value that cannot be decoded ({str(error)[:100]})") from None
+
+
+def _lift(value: Any, texts: list[bytes]) -> Any:
+    """`value` with its long strings (and those that start with MARK) replaced by markers,
+    their UTF-8 bytes appended to `texts`. Only values: dict keys stay as they are."""
+    if isinstance(value, str):
+        if len(value) < TEXT and not value.startswith(MARK):
+            return value
+        texts.append(value.encode("utf-8", "surrogatepass"))
+        return f"{MARK}{len(texts) - 1}"
+    if isinstance(value, dict):
+        return {k: _lift(v, texts) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_lift(v, texts) for v in value]
+    return value
+
+
+def _restore(value: Any, texts: list[bytes]) -> Any:
+    """The inverse of `_lift`, on untrusted input (iterative: the depth is the sender's)."""
+    decoded: dict[int, str] = {}
+
+    def text(marker: str) -> str:
+        index = marker[len(MARK):]
+        if not (index.isascii() and index.isdigit() and len(index) < 10) or int(index) >= len(texts):
+            raise ProtocolError("a text marker that names no text buffer")
+        if int(index) not in decoded:  # (a lone surrogate, which the sender may pass, is replaced)
+            decoded[int(index)] = texts[int(index)].decode("utf-8", "replace")
+        return decoded[int(index)]
+
+    if isinstance(value, str):
+        return text(value) if value.startswith(MARK) else value
+    stack = [value]
+    while stack:
+        container = stack.pop()
+        keys = container.keys() if isinstance(container, dict) else range(len(container))
+        for key in keys:
+            item = container[key]
+            if isinstance(item, str) and item.startswith(MARK):
+                container[key] = text(item)
+            elif isinstance(item, (dict, list)):
+                stack.append(item)
+    return value
