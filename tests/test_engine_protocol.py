@@ -124,3 +124,18 @@ def test_a_closed_peer_is_named_closed_when_sending(pair):
     with pytest.raises(ChannelClosed):
         for _ in range(100):
             sender.send({"op": "x"}, buffers=[b"0" * 65536])
+
+
+def test_a_payload_cannot_make_the_receiver_allocate_what_it_chooses():
+    """A meta tensor has a shape and no data: its bytes count as if it had them, so a
+    check that allocates a tensor of a shape it received stays within the payload's budget."""
+    from autograder.student import wire
+
+    huge = {"__meta__": [1 << 20, 1 << 20], "dtype": "float64", "grad": False}
+    with pytest.raises(wire.WireError, match="larger than"):
+        wire.decode(huge, [])
+    many = [{"__meta__": [1], "dtype": "float64", "grad": False}] * (wire.MAX_TENSORS + 1)
+    with pytest.raises(wire.WireError, match="tensors"):
+        wire.decode(many, [])
+    fits = wire.decode({"__meta__": [4, 5], "dtype": "float32", "grad": True}, [])
+    assert fits.shape == (4, 5) and fits.device.type == "meta" and fits.requires_grad

@@ -3,11 +3,14 @@ a process that runs student code.
 
 Decoding builds nothing but dicts, lists, tuples, strings, numbers, booleans, None and
 CPU tensors of a few dtypes, checking every size against its buffer: a hostile peer can
-send wrong values, never code.
+send wrong values, never code. What the receiver may later allocate from a shape is
+bounded too: every tensor counts its bytes, a meta tensor (a shape without data) as if it
+had them, against `MAX_BYTES` per payload, and a payload holds at most `MAX_TENSORS`.
 """
 from __future__ import annotations
 
 import importlib
+import math
 from typing import Any, Sequence
 
 import torch
@@ -20,6 +23,8 @@ DTYPES = {
                   torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex128, torch.complex64)
 }
 MAX_DEPTH = 32
+MAX_BYTES = 64 << 20  # bytes of tensors in one payload, counting a meta tensor's as if it had data
+MAX_TENSORS = 10_000
 PACKAGE = __package__ + "."  # registered functions live in this package only
 
 
@@ -71,6 +76,18 @@ def decode(structure: Any, buffers: Sequence[bytes], *, references: bool = False
     registered functions of the checks are resolved by name.
     """
 
+    spent = {"bytes": 0, "tensors": 0}
+
+    def charge(shape: list[int], dtype: torch.dtype) -> int:
+        """The tensor's element count, once it fits what is left of the payload's budget."""
+        numel = math.prod(shape)
+        spent["bytes"] += numel * _itemsize(dtype)
+        spent["tensors"] += 1
+        if spent["bytes"] > MAX_BYTES or spent["tensors"] > MAX_TENSORS:
+            raise WireError(f"payload larger than {MAX_BYTES >> 20} MiB of tensors or {MAX_TENSORS} tensors "
+                            f"(a tensor of shape {tuple(shape)[:8]} {dtype})")
+        return numel
+
     def walk(v: Any, depth: int) -> Any:
         if depth > MAX_DEPTH:
             raise WireError("payload nested too deeply")
@@ -95,16 +112,16 @@ def decode(structure: Any, buffers: Sequence[bytes], *, references: bool = False
         if "__reference__" in v:
             return _reference(v["__reference__"], references)
         if "__meta__" in v:
-            return _grad(torch.empty(_shape(v["__meta__"]), dtype=_dtype(v.get("dtype")), device="meta"), v)
+            shape, dtype = _shape(v["__meta__"]), _dtype(v.get("dtype"))
+            charge(shape, dtype)
+            return _grad(torch.empty(shape, dtype=dtype, device="meta"), v)
         if "__tensor__" in v:
             index, dtype, shape = v["__tensor__"], _dtype(v.get("dtype")), _shape(v.get("shape"))
             if not isinstance(index, int) or not 0 <= index < len(buffers):
                 raise WireError("tensor refers to a missing buffer")
             data = buffers[index]
-            numel = 1
-            for n in shape:
-                numel *= n
-            if len(data) != numel * torch.empty((), dtype=dtype).element_size():
+            numel = charge(shape, dtype)
+            if len(data) != numel * _itemsize(dtype):
                 raise WireError("tensor size does not match its buffer")
             t = torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape).clone() if numel else torch.empty(shape, dtype=dtype)
             return _grad(_device(t, v.get("device", "cpu")), v)
@@ -146,6 +163,10 @@ def _dtype(name: Any) -> torch.dtype:
     if name not in DTYPES:
         raise WireError(f"dtype {name!r} is not accepted")
     return DTYPES[name]
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
 
 
 def _shape(shape: Any) -> list[int]:
