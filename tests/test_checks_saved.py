@@ -333,3 +333,92 @@ def test_backward_left_alone_is_public_for_other_checks():
     recording, backward = observe(function(saves_output, modifies_saved), (leaf(3),))
     with pytest.raises(CheckFailed, match="backward modified a saved tensor in place"):
         check_backward_left_alone("Exp", recording, backward, Names(args=["x"]))
+
+
+# --- Memory kept alive outside ctx ---------------------------------------------------------
+
+def sigmoid_backward(ctx, g):
+    (y,) = ctx.saved_tensors
+    return g * y * (1 - y)
+
+
+def saving_sigmoid(keep=lambda x, y: None, name="Sigmoid"):
+    """A Sigmoid that saves its output, as it should, and also hands `keep` what it likes."""
+
+    def forward(ctx, x):
+        y = torch.sigmoid(x)
+        ctx.save_for_backward(y)
+        keep(x, y)
+        return y
+
+    return type(name, (torch.autograd.Function,), {
+        "forward": staticmethod(forward), "backward": staticmethod(sigmoid_backward),
+    })
+
+
+SIGMOID = SaveRule(name="Sigmoid", expected=("output 0",), fix="save the output")
+ACTIVATIONS = []  # a module global, as a notebook's would be
+
+
+def _class_attribute():
+    fn = saving_sigmoid(lambda x, y: setattr(fn, "last", torch.exp(-x)))
+    return fn
+
+
+def _module_global():
+    return saving_sigmoid(lambda x, y: ACTIVATIONS.append(y))
+
+
+def _closure():
+    seen = {}
+
+    def keep(x, y):
+        seen["x"] = x
+
+    return saving_sigmoid(keep)
+
+
+def _default_argument():
+    def keep(x, y, memo=[]):
+        memo[:] = [x * 2]
+
+    return saving_sigmoid(keep)
+
+
+@pytest.mark.parametrize("make, when, what, where", [
+    (_class_attribute, "after forward", "a tensor forward created", "the class attribute `Sigmoid.last`"),
+    (_module_global, "after backward", "the output", "the global variable `ACTIVATIONS`"),
+    (_closure, "after backward", "the input `x`", "the variable `seen` of an enclosing function"),
+    (_default_argument, "after forward", "a tensor forward created", "a default argument of `_default_argument.<locals>.keep`"),
+], ids=["class attribute", "global", "closure", "default argument"])
+def test_memory_kept_outside_ctx_is_found_and_named(make, when, what, where):
+    fn = make()
+    student = remote(fn) if make in (_module_global, _closure) else fn  # the same through the wire
+    message = failure(student, SIGMOID)
+    assert f"{what} (float64 of shape (3,), 24 bytes) is still alive, kept by {where}" in message
+    assert message.startswith(f"Sigmoid: {when}, ")
+    assert "Keep what backward needs with `ctx.save_for_backward(...)`, and no tensor anywhere else" in message
+    ACTIVATIONS.clear()
+
+
+def test_a_cache_filled_once_is_no_leak():
+    cache = {}
+
+    def keep_once(x, y):
+        cache.setdefault("ones", torch.ones(3))
+
+    check_saved(saving_sigmoid(keep_once), SIGMOID, (leaf(3),))
+    assert list(cache) == ["ones"]
+
+
+def test_a_stashed_output_is_judged_as_a_stash_and_its_cycle_is_no_leak():
+    recording, backward = observe(function(lambda ctx, x: (setattr(ctx, "y", x.exp()), ctx.y)[1],
+                                           lambda ctx, g: g * ctx.y), (leaf(3),))
+    assert list(recording.stashed) == ["y"] and recording.kept == [] and backward.kept == []
+
+
+def test_show_saved_lists_memory_kept_elsewhere(capsys):
+    fn = _class_attribute()
+    show_saved(fn, leaf(3))
+    assert "kept alive elsewhere, invisible to autograd: float64 of shape (3,), 24 bytes, by the class attribute " \
+           "`Sigmoid.last`" in capsys.readouterr().out

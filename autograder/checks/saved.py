@@ -4,7 +4,9 @@
 a proxy, see :mod:`autograder.student.probe`) and runs backward once there;
 `check_saved` compares what it saw with what an exercise expects and explains a mismatch,
 in the grader: the saved tensors come back as copies taken before backward, with the facts
-the check needs about them (:mod:`autograder.student.saved` records them).
+the check needs about them (:mod:`autograder.student.saved` records them). Every check of
+what a Function keeps also fails on memory the call leaves alive anywhere else
+(`check_nothing_kept`: a global, a class attribute, a closure, a default argument).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import torch
 
 from ..student import probe
 from ..student.report import fail, quiet
-from ..student.saved import KINDS, Names, Recording, Saved, describe, recorded
+from ..student.saved import KINDS, Kept, Names, Recording, Saved, describe, recorded
 from . import explain
 
 STASHED = (
@@ -27,6 +29,13 @@ STASHED = (
     "Save it with `ctx.save_for_backward(...)` and read it back from `ctx.saved_tensors`."
 )
 CYCLE = "; an output stored on ctx also makes a reference cycle (output → grad_fn → ctx → output)"
+KEPT = (
+    "a reference kept outside ctx (a global, a class attribute, a variable of an enclosing function, a "
+    "default argument, a list any of them holds) keeps the memory alive where autograd cannot see it: it "
+    "is not freed after backward, not checked for in-place changes, missed by saved-tensor hooks and "
+    "memory measurements, and it lives on until the next call replaces it (or forever, in a list). "
+    "Keep what backward needs with `ctx.save_for_backward(...)`, and no tensor anywhere else."
+)
 
 # Why saving each kind of tensor can be wrong; an exercise may say more.
 REASONS = {
@@ -61,6 +70,7 @@ class Backward:
     error: probe.ProbeError | None = None
     modified: list[int] = field(default_factory=list)  # positions in Recording.saved
     modified_grad_output: bool = False
+    kept: list[Kept] = field(default_factory=list)  # alive after backward, once the caller let go of all
 
 
 def observe(fn: Any, args: Sequence[Any], *, copy: bool = False) -> tuple[Recording, Backward]:
@@ -84,14 +94,24 @@ def observe(fn: Any, args: Sequence[Any], *, copy: bool = False) -> tuple[Record
             saved=[_saved(s) for s in found["saved"]],
             stashed={str(path): _saved(s) for path, s in found["stashed"].items()},
             function=found.get("function") is True,
+            kept=[_kept(k) for k in found["kept"]],
         )
         backward = data["backward"]
         modified = [i for i in backward["modified"] if isinstance(i, int) and 0 <= i < len(recording.saved)]
         return recording, Backward(
-            probe.ProbeError.from_data(backward["error"]), modified, bool(backward["modified_grad_output"])
+            probe.ProbeError.from_data(backward["error"]), modified, bool(backward["modified_grad_output"]),
+            [_kept(k) for k in backward["kept"]],
         )
-    except (AttributeError, KeyError, TypeError) as bad:
+    except (AttributeError, KeyError, TypeError, ValueError) as bad:
         raise probe.Malformed(f"malformed recording: {bad}") from None
+
+
+def _kept(data: Any) -> Kept:
+    kept = Kept(tuple(int(n) for n in data["shape"]), str(data["dtype"]), int(data["nbytes"]), str(data["owner"]),
+                None if data["where"] is None else str(data["where"]))
+    if not re.fullmatch(r"(input|output) \d+|forward|backward", kept.owner):
+        raise probe.Malformed("malformed kept memory")
+    return kept
 
 
 def _tensor_list(values: Any) -> list[torch.Tensor]:
@@ -129,6 +149,7 @@ def check_saved(student: Any, rule: SaveRule, args: tuple, *, copy: bool = False
             f"{rule.name}: tensor `ctx.{path}` ({describe(s, recording, names)}) is stashed on ctx.",
             cause=STASHED.format(cycle=CYCLE if s.kind == "output" and s.graph else ""),
         )
+    check_nothing_kept(rule.name, recording, names)
     got = Counter(s.role for s in recording.saved)
     if rule.expected is None:
         check_backward_left_alone(rule.name, recording, backward, names)
@@ -148,8 +169,32 @@ def check_saved(student: Any, rule: SaveRule, args: tuple, *, copy: bool = False
     return recording
 
 
+def check_nothing_kept(name: str, recording: Recording, names: Names) -> None:
+    """After forward, the call keeps no memory alive but its outputs, what it saved, and what
+    it put on ctx (which the caller judges)."""
+    __tracebackhide__ = True
+    if recording.kept:
+        fail(f"{name}: after forward, {_kept_words(recording.kept, recording, names)}, outside what "
+             "it saved for backward.", cause=KEPT)
+
+
+def _kept_words(kept: Sequence[Kept], recording: Recording, names: Names) -> str:
+    """"a tensor forward created (bool of shape (3,), 3 bytes) is still alive, kept by the global variable `cache`"."""
+    k = kept[0]
+    if k.owner in ("forward", "backward"):
+        what = f"a tensor {k.owner} created"
+    else:
+        kind, index = k.owner.split()
+        what = names.role(kind, int(index), len(recording.outputs))
+    words = f"{what} ({k.dtype} of shape {k.shape}, {k.nbytes} bytes) is still alive"
+    words += f", kept by {k.where}" if k.where else ""
+    others = len(kept) - 1
+    return words + (f" (and {others} more block{'s' * (others != 1)} of memory)" if others else "")
+
+
 def check_backward_left_alone(name: str, recording: Recording, backward: Backward, names: Names) -> None:
-    """The backward run after the call changed neither a saved tensor nor grad_output."""
+    """The backward run after the call changed neither a saved tensor nor grad_output, and
+    once it was done and the caller let go of inputs and outputs, nothing stayed alive."""
     __tracebackhide__ = True
     if backward.error is not None:
         error = backward.error
@@ -170,6 +215,9 @@ def check_backward_left_alone(name: str, recording: Recording, backward: Backwar
             "graph, or be the caller's tensor passed to .backward(g). Compute a new tensor "
             "(`grad_output * d`, not `grad_output.mul_(d)`), or clone grad_output first.",
         )
+    if backward.kept:
+        fail(f"{name}: after backward, with the inputs, the outputs and the graph let go of, "
+             f"{_kept_words(backward.kept, recording, names)}.", cause=KEPT)
 
 
 def _signature_cause(message: str, n_outputs: int) -> str | None:

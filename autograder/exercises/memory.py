@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ..checks import explain, inputs
 from ..checks.functions import FunctionSpec, check_function
-from ..checks.saved import STASHED, check_backward_left_alone, observe
+from ..checks.saved import STASHED, check_backward_left_alone, check_nothing_kept, observe
 from ..checks.shared_state import process_wide
 from ..student import devices, introspect, memory, probe
 from ..student.report import fail, note, passed, quiet, show
@@ -72,8 +72,9 @@ def _what(s: Saved, recording: Recording, names: Names) -> str:
 
 def judge_budget(student: Any, budget: Budget, args: tuple) -> Recording:
     """Call the student's Function once on `args` (their requires_grad as given) and run
-    backward; fail if it stashed a tensor on ctx, saved a tensor backward does not need,
-    saved more bytes than the budget, or changed a saved tensor or grad_output."""
+    backward; fail if it stashed a tensor on ctx, kept memory alive anywhere else, saved a
+    tensor backward does not need, saved more bytes than the budget, or changed a saved
+    tensor or grad_output."""
     __tracebackhide__ = True
     names = budget.names if budget.names.args else replace(budget.names, args=probe.argument_names(student))
     needs = tuple(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
@@ -92,6 +93,7 @@ def judge_budget(student: Any, budget: Budget, args: tuple) -> Recording:
                 f"{budget.name}: tensor `ctx.{path}` ({describe(s, recording, names)}) is stashed on ctx.", *context,
                 cause=STASHED.format(cycle="") + ON_CTX,
             )
+    check_nothing_kept(budget.name, recording, names)
     needed = budget.needed(recording, needs)
     for s in recording.saved:
         reason = budget.unneeded(s, recording, needs)

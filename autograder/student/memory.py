@@ -16,16 +16,15 @@ in the student's process: best effort.
 from __future__ import annotations
 
 import inspect
-import weakref
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from . import probe
+from .saved import Watch, tensors_in
 
 
 def nbytes(t: torch.Tensor) -> int:
@@ -71,21 +70,9 @@ class SavedEntry:
         return f"{'leaf ' if self.leaf else ''}{str(self.dtype).removeprefix('torch.')} {self.shape}: {human(self.nbytes)}{kept}"
 
 
-def _tensors_in(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+def _tensors_in(value: Any) -> Iterator[torch.Tensor]:
     """The tensors inside what a pack hook returned (tuples, lists, dicts, objects)."""
-    if depth > 8:
-        return
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (tuple, list)):
-        for v in value:
-            yield from _tensors_in(v, depth + 1)
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _tensors_in(v, depth + 1)
-    elif hasattr(value, "__dict__") and not isinstance(value, type):
-        for v in vars(value).values():
-            yield from _tensors_in(v, depth + 1)
+    return (t for _, t in tensors_in(value))
 
 
 class SavedMemory(torch.autograd.graph.saved_tensors_hooks):
@@ -142,7 +129,7 @@ class SavedMemory(torch.autograd.graph.saved_tensors_hooks):
 
 # --- Live and peak memory ------------------------------------------------------------------
 
-class PeakMemory(TorchDispatchMode):
+class PeakMemory(Watch):
     """`with PeakMemory() as mem:` counts the memory blocks torch operations create in the
     block (on any device but meta) while they are alive: `mem.now` and `mem.peak`, in bytes.
 
@@ -155,30 +142,13 @@ class PeakMemory(TorchDispatchMode):
         super().__init__()
         self.now = 0
         self.peak = 0
-        self._live: dict[int, int] = {}
-        self._watch: dict[int, weakref.ref] = {}
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = {_block(a)[0] for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)}
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                self._count(t, inputs)
-        return out
-
-    def _count(self, t: torch.Tensor, inputs: set[int]) -> None:
-        storage = t.untyped_storage()
-        key = storage.data_ptr()
-        if key == 0 or key in self._live or key in inputs:  # empty, known, or a view / in-place result
-            return
-        self._live[key] = storage.nbytes()
-        self.now += storage.nbytes()
+    def created(self, nbytes: int) -> None:
+        self.now += nbytes
         self.peak = max(self.peak, self.now)
 
-        def freed(_: Any, key: int = key) -> None:
-            self.now -= self._live.pop(key, 0)
-
-        self._watch[key] = weakref.ref(storage, freed)
+    def freed(self, nbytes: int) -> None:
+        self.now -= nbytes
 
 
 # --- Blocks for the checkpoint exercise ----------------------------------------------------

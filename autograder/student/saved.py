@@ -9,15 +9,26 @@ a view of one of them (the same storage, another layout), or an intermediate tha
 only for backward. Tensors stashed as attributes of ctx (`ctx.y = y`) never reach the
 hooks; they are found on the graph node, which is the ctx object itself.
 
+What neither sees, a reference kept anywhere else (a global, a class attribute, a closure,
+a default argument), `Watch` finds: it follows every memory block the call creates, and its
+inputs, through weak references, so whatever is still alive after forward (beyond the
+outputs and what is saved or on ctx) and after backward (beyond nothing at all) is kept
+by the answer.
+
 `recorded`, a probe procedure, records a student's Function in the student's process and
 runs backward once there; the checks (:mod:`autograder.checks.saved`) judge what it saw.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+import gc
+import types
+import weakref
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from . import probe
 from .report import quiet
@@ -51,6 +62,17 @@ class Saved:
         return f"{'view of ' if self.view else ''}{self.kind} {self.index}"
 
 
+@dataclass(frozen=True)
+class Kept:
+    """A block of memory that a call left alive where autograd does not keep it."""
+
+    shape: tuple[int, ...]  # of the tensor that created it
+    dtype: str
+    nbytes: int  # of the whole block
+    owner: str  # "input 0", "output 0", or the stage that created it: "forward", "backward"
+    where: str | None = None  # what keeps it, e.g. "the global variable `cache`" (best effort)
+
+
 @dataclass
 class Recording:
     """What one call of a Function returned, saved, and stashed on ctx."""
@@ -61,14 +83,17 @@ class Recording:
     saved: list[Saved] = field(default_factory=list)  # in the order they were saved
     stashed: dict[str, Saved] = field(default_factory=dict)  # "y" for ctx.y, "cache[0]", ...
     function: bool = False  # the outputs' grad_fn is a custom Function's node (its ctx)
+    kept: list[Kept] = field(default_factory=list)  # alive after forward, kept by neither autograd nor ctx
 
     @property
     def nbytes(self) -> int:
         return sum(s.nbytes for s in self.saved)
 
 
-def record(fn: Any, *args: Any) -> Recording:
-    """Call `fn(*args)` (`fn.apply` for a Function class) and record what it saved.
+def record(fn: Any, *args: Any, watch: "Watch | None" = None, thorough: bool = True) -> Recording:
+    """Call `fn(*args)` (`fn.apply` for a Function class) and record what it saved, and
+    what else it left alive (`watch` follows the memory the call creates, also afterwards;
+    see `Watch.alive` for `thorough`).
 
     Floating-point arguments must already require grad where a gradient is wanted:
     a call that builds no graph saves nothing. `fn` runs in this process: checks of a
@@ -80,18 +105,26 @@ def record(fn: Any, *args: Any) -> Recording:
         packed.append(t)
         return t
 
+    watch = watch or Watch()
     before = tuple(a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            watch.add(a, f"input {i}")
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), watch:
         result = probe.as_callable(fn)(*args)
     outputs = probe.outputs_of(result)
     node = next((o.grad_fn for o in outputs if o.grad_fn is not None), None)
+    stashed = list(_stashed(node))
+    for i, o in enumerate(outputs):
+        watch.name(o, f"output {i}")
     return Recording(
         args=tuple(args),
         before=before,
         outputs=outputs,
         saved=[classify(t, args, outputs) for t in packed],
-        stashed={path: classify(t, args, outputs) for path, t in _stashed(node)},
+        stashed={path: classify(t, args, outputs) for path, t in stashed},
         function=isinstance(node, torch.autograd.function.BackwardCFunction),
+        kept=watch.alive([*outputs, *packed, *(t for _, t in stashed)], inputs=False, thorough=thorough),
     )
 
 
@@ -120,20 +153,163 @@ def _layout(t: torch.Tensor) -> tuple:
 
 
 def _stashed(node: Any) -> Iterator[tuple[str, torch.Tensor]]:
-    """Tensors kept as attributes of a custom Function's ctx, also inside lists and dicts."""
-
-    def walk(value: Any, path: str) -> Iterator[tuple[str, torch.Tensor]]:
-        if isinstance(value, torch.Tensor):
-            yield path, value
-        elif isinstance(value, (list, tuple)):
-            for i, v in enumerate(value):
-                yield from walk(v, f"{path}[{i}]")
-        elif isinstance(value, dict):
-            for k, v in value.items():
-                yield from walk(v, f"{path}[{k!r}]")
-
+    """Tensors kept as attributes of a custom Function's ctx, also inside lists, dicts and
+    objects."""
     for name, value in getattr(node, "__dict__", {}).items():
-        yield from walk(value, name)
+        yield from tensors_in(value, name)
+
+
+def tensors_in(value: Any, path: str = "", depth: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
+    """(path, tensor) for every tensor inside `value`: in tuples, lists, dicts, and the
+    attributes of objects (`cache[0]`, `box.t`), up to a depth of 8."""
+    if depth > 8:
+        return
+    if isinstance(value, torch.Tensor):
+        yield path, value
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from tensors_in(v, f"{path}[{i}]", depth + 1)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from tensors_in(v, f"{path}[{k!r}]", depth + 1)
+    elif hasattr(value, "__dict__") and not isinstance(value, (type, types.ModuleType, types.FunctionType)):
+        for k, v in vars(value).items():
+            yield from tensors_in(v, f"{path}.{k}", depth + 1)
+
+
+# --- Memory kept alive anywhere ------------------------------------------------------------
+
+class Watch(TorchDispatchMode):
+    """`with Watch() as watch:` follows every memory block that torch operations create in the
+    block (on any device but meta), and each tensor given to `add`, through weak references:
+    `alive()` lists those not yet freed, also long after the block ended. Subclasses count
+    with `created` and `freed`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stage = "forward"  # names what the operations in the block create
+        self._blocks: dict[int, tuple[weakref.ref, Kept]] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {_storage(a) for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)}
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and _storage(t) not in inputs:  # not a view nor in place
+                self.add(t, self.stage)
+        return out
+
+    def add(self, t: torch.Tensor, owner: str) -> None:
+        """Follow the memory under `t` until it is freed (once; not meta, not empty)."""
+        key = _storage(t)
+        if key == 0 or key in self._blocks:
+            return
+        storage = t.untyped_storage()
+        kept = Kept(tuple(t.shape), str(t.dtype).removeprefix("torch."), storage.nbytes(), owner)
+
+        def gone(_: Any, key: int = key) -> None:
+            entry = self._blocks.pop(key, None)
+            if entry is not None:
+                self.freed(entry[1].nbytes)
+
+        self._blocks[key] = (weakref.ref(storage, gone), kept)
+        self.created(kept.nbytes)
+
+    def name(self, t: torch.Tensor, owner: str) -> None:
+        """Call the memory under `t`, if followed, `owner` from now on ("output 0")."""
+        key = _storage(t)
+        if key in self._blocks:
+            ref, kept = self._blocks[key]
+            self._blocks[key] = (ref, replace(kept, owner=owner))
+
+    def created(self, nbytes: int) -> None:
+        pass
+
+    def freed(self, nbytes: int) -> None:
+        pass
+
+    def alive(self, beyond: Iterable[torch.Tensor] = (), *, inputs: bool = True, thorough: bool = True) -> list[Kept]:
+        """The followed blocks still alive, but those of the tensors `beyond` (and of the
+        inputs unless `inputs`). `thorough`, when something is found: garbage (reference
+        cycles) is collected first, so that only what a reference keeps counts, and what
+        keeps the first few is looked for (a few tenths of a second: the whole heap)."""
+        allowed = {_storage(t) for t in beyond}
+
+        def found() -> list[tuple[int, Kept]]:
+            return [(key, kept) for key, (_, kept) in list(self._blocks.items())
+                    if key not in allowed and (inputs or not kept.owner.startswith("input"))]
+
+        if not thorough or not found():
+            return [kept for _, kept in found()]
+        gc.collect()
+        alive = sorted(found(), key=lambda item: ORDER.index(item[1].owner.split()[0]))
+        for i, (key, kept) in enumerate(alive[:3]):  # name what keeps one of the first few
+            held_by = where(key)
+            if held_by:
+                alive = [(key, replace(kept, where=held_by)), *alive[:i], *alive[i + 1:]]
+                break
+        return [kept for _, kept in alive]
+
+
+ORDER = ("output", "forward", "backward", "input")  # what a reference most likely holds first
+
+
+def where(key: int) -> str | None:
+    """Best effort: what keeps the memory block at address `key` alive — a global variable,
+    a class attribute, a variable of an enclosing function, a default argument — found by
+    following the garbage collector's referrers from the tensors over that block."""
+    try:
+        return _where(key)
+    except Exception:  # the student's objects may do anything when looked at
+        return None
+
+
+def _where(key: int) -> str | None:
+    level = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and _storage(o) == key]
+    held: dict[int, Any] = {}  # id of an object -> the object it refers to, on the way up
+    seen = {id(level), id(held)}
+    for _ in range(4):  # a closure's variable is 4 references up: dict, cell, closure, function
+        if not level:
+            return None
+        above = []
+        seen.add(id(above))
+        for ref in gc.get_referrers(*level):
+            if id(ref) in seen or isinstance(ref, types.FrameType):
+                continue
+            seen.add(id(ref))
+            child = next((c for c in level if _refers(ref, c)), None)
+            if child is None:
+                continue
+            held[id(ref)] = child
+            found = _root(ref, child, held)
+            if found:
+                return found
+            above.append(ref)
+        level = above
+    return None
+
+
+def _refers(ref: Any, child: Any) -> bool:
+    return any(r is child for r in gc.get_referents(ref))
+
+
+def _root(ref: Any, child: Any, held: dict[int, Any]) -> str | None:
+    """How `ref`, which holds `child`, names a reference that lives on, or None."""
+    if isinstance(ref, dict) and "__builtins__" in ref and "__name__" in ref:
+        return f"the global variable `{_key(ref, child)}`"
+    if isinstance(ref, type) and isinstance(child, dict):
+        return f"the class attribute `{ref.__qualname__}.{_key(child, held.get(id(child)))}`"
+    if isinstance(ref, types.FunctionType):
+        if child is ref.__defaults__ or child is ref.__kwdefaults__:
+            return f"a default argument of `{ref.__qualname__}`"
+        if child is ref.__closure__:
+            cell = held.get(id(child))
+            names = [n for n, c in zip(ref.__code__.co_freevars, ref.__closure__) if c is cell]
+            return f"the variable `{names[0] if names else '?'}` of an enclosing function, read by `{ref.__qualname__}`"
+    return None
+
+
+def _key(mapping: dict, value: Any) -> str:
+    return next((str(k) for k, v in mapping.items() if v is value), "?")
 
 
 # --- Words ---------------------------------------------------------------------------------
@@ -177,7 +353,7 @@ def describe(s: Saved, recording: Recording, names: Names) -> str:
 
 
 def summary(recording: Recording, names: Names = Names()) -> str:
-    """A few lines: each saved tensor, then anything stashed on ctx."""
+    """A few lines: each saved tensor, then anything stashed on ctx or kept elsewhere."""
     n = len(recording.saved)
     extra = sum(s.nbytes for s in recording.saved if s.kind == "intermediate")
     share = "all" if extra == recording.nbytes else f"{extra} of them"
@@ -191,6 +367,11 @@ def summary(recording: Recording, names: Names = Names()) -> str:
     lines += [
         f"  stashed on ctx, invisible to autograd: ctx.{path} = {describe(s, recording, names)}"
         for path, s in recording.stashed.items()
+    ]
+    lines += [
+        f"  kept alive elsewhere, invisible to autograd: {k.dtype} of shape {k.shape}, {k.nbytes} bytes"
+        + (f", by {k.where}" if k.where else "")
+        for k in recording.kept
     ]
     return "\n".join(lines)
 
@@ -211,39 +392,66 @@ def non_leaf(args: Sequence[Any]) -> tuple:
 
 @probe.procedure
 def recorded(fn: Any, args: tuple, copy: bool) -> dict:
-    """Record `fn(*args)`, then run backward once; plain data, reported by the process
-    that ran `fn` (best effort)."""
+    """Record `fn(*args)` on copies of the arguments (non-leaf ones with `copy`), then run
+    backward once, and list what the call still keeps alive after forward and after
+    backward; plain data, reported by the process that ran `fn` (best effort).
+
+    A call found keeping memory at a quick look is made once more, and the second call is
+    reported, looked at thoroughly (`Watch.alive`): a cache filled once is not a leak, a
+    reference every call leaves behind is."""
+    report = _recorded_once(fn, args, copy, thorough=False)
+    if report["error"] is None and (report["recording"]["kept"] or report["backward"]["kept"]):
+        report = _recorded_once(fn, args, copy, thorough=True)
+    return report
+
+
+def _recorded_once(fn: Any, args: tuple, copy: bool, thorough: bool) -> dict:
+    # Copies nobody else holds: what outlives the call is kept by the call.
+    args = tuple(a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
+                 for a in args)
     if copy:
         args = non_leaf(args)
+    watch = Watch()
     try:
-        recording = record(fn, *args)
+        recording = record(fn, *args, watch=watch, thorough=thorough)
     except Exception as exc:  # the student's code may raise anything
         return {"error": asdict(probe.ProbeError.of("forward", exc))}
 
-    def snapshot(s: Saved) -> dict:  # taken before backward can change it
-        return {"tensor": s.tensor.detach().clone(), "kind": s.kind, "index": s.index, "view": s.view, "graph": s.graph}
+    def copied(t: torch.Tensor) -> torch.Tensor:  # taken before backward can change it
+        return t.detach().clone()
+
+    def snapshot(s: Saved) -> dict:
+        return {"tensor": copied(s.tensor), "kind": s.kind, "index": s.index, "view": s.view, "graph": s.graph}
 
     found = {
-        "args": [a.detach() if isinstance(a, torch.Tensor) else a for a in recording.args],
+        "args": [copied(a) if isinstance(a, torch.Tensor) else a for a in recording.args],
         "before": list(recording.before),
-        "outputs": [o.detach() for o in recording.outputs],
+        "outputs": [copied(o) for o in recording.outputs],
         "saved": [snapshot(s) for s in recording.saved],
         "stashed": {path: snapshot(s) for path, s in recording.stashed.items()},
         "function": recording.function,
+        "kept": [asdict(k) for k in recording.kept],
     }
-    return {"error": None, "recording": found, "backward": _backward(recording)}
+    backward = _backward(recording, watch)
+    forward_kept = bool(recording.kept)  # then the checks stop there: no need to look hard again
+    del recording, args
+    after = watch.alive(thorough=thorough and not forward_kept) if backward["error"] is None else []
+    backward["kept"] = [asdict(k) for k in after]
+    return {"error": None, "recording": found, "backward": backward}
 
 
-def _backward(recording: Recording) -> dict:
-    """Run backward once: its error, or which saved tensors and whether grad_output it
-    changed in place."""
+def _backward(recording: Recording, watch: Watch) -> dict:
+    """Run backward once (watched): its error, or which saved tensors and whether
+    grad_output it changed in place."""
     outputs = [o for o in recording.outputs if o.requires_grad]
     generator = torch.Generator().manual_seed(0)
     grads = [torch.randn(o.shape, generator=generator, dtype=o.dtype).to(o.device) for o in outputs]
     grads_before = [g.clone() for g in grads]
     saved_before = [s.tensor.detach().clone() for s in recording.saved]
+    watch.stage = "backward"
     try:
-        torch.autograd.backward(outputs, grads)
+        with watch:
+            torch.autograd.backward(outputs, grads)
     except Exception as exc:  # the student's code may raise anything
         error = asdict(probe.ProbeError.of("backward", exc))
         return {"error": error, "modified": [], "modified_grad_output": False}
