@@ -45,6 +45,10 @@ def grade(
                    "(--jobs is then the workers' --nthreads). See the README, 'A large course'."
     ),
     course: Path = typer.Option(Path("."), help="The course root: the folder with nbgrader_config.py and submitted/."),
+    gpu: bool = typer.Option(
+        False, "--gpu", help="Insist on a GPU: refuse to start without one. (A GPU that torch can use is passed into the "
+                             "sandbox anyway, device nodes and driver libraries only: README, 'Grading on a GPU'.)"
+    ),
 ) -> None:
     """Grade the submissions in submitted/STUDENT/ASSIGNMENT/, like `nbgrader autograde`, but fast and safely.
 
@@ -71,7 +75,14 @@ def grade(
     from .grader.grade import grade as run
     from .grader.preflight import FAILED, GradingError
     from .grader.records import Options
+    from .isolation import sandbox
     from .isolation.limits import Limits
+
+    if gpu and scheduler is None:  # a cluster's workers find their own
+        name, why = sandbox.find_gpu()
+        if name is None:
+            typer.echo(f"error: --gpu was given, but {why}", err=True)
+            raise typer.Exit(2)
 
     options = Options(
         root=course.resolve(), assignments=list(assignments or []), students=list(student), force=force,

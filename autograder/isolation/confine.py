@@ -5,6 +5,9 @@ but its channel, the worker's own unprivileged user when the grader runs as root
 (RLIMIT_NPROC does not apply to root, and counts per user), a fresh scratch directory that is its home and temp directory,
 hard resource limits, and Landlock: read only the system and Python, write only the
 scratch directory, no TCP, no signals to processes outside (where the kernel has it).
+With a GPU, CUDA starts before the limits: it reserves tens of GiB of address space at
+once, which the address-space limit (what the worker maps, plus the memory budget) would
+refuse; the budget then bounds what the notebook maps beyond that.
 """
 from __future__ import annotations
 
@@ -65,9 +68,18 @@ def confine(channel_fd: int, config: WorkerConfig, limits: Limits, files: dict[s
     os.environ["USER"] = os.environ["LOGNAME"] = "student"  # the user may have no passwd entry
     tempfile.tempdir = None
 
+    if config.gpu:
+        _start_cuda()
     _set_limits(limits, config.limit_processes)
     applied = landlock.restrict(read=[*config.readable, "/dev", "/proc", "/sys"], write=[scratch, "/dev"])
     return scratch, applied
+
+
+def _start_cuda() -> None:
+    """CUDA's context, made now (the worker never starts CUDA: a forked CUDA context is unusable)."""
+    import torch
+
+    torch.zeros(1, device="cuda")
 
 
 def _set_limits(limits: Limits, processes: bool) -> None:

@@ -33,6 +33,7 @@ class WorkerConfig(Message):
     # installation, so children keep it).
     limit_processes: bool
     uid: int | None  # the unprivileged user the notebooks run as (when the grader is root)
+    gpu: bool = False  # notebooks get the GPU: CUDA starts before the memory limit (see confine)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,9 @@ In the bubblewrap sandbox a worker sees the system directories and the Python
 installation read-only, and nothing of the course (no solutions/, no gradebook, no other
 submissions) nor of this package's checks and grader (only `VISIBLE`); it has no network, its own process, IPC and hostname namespaces, and two
 small private tmpfs: one for its own state, one for its notebooks' scratch directories.
+Where the machine has an NVIDIA GPU that torch can use, it is passed in: its device nodes,
+and read-only the directories of its driver libraries outside the system directories
+(`gpu`); nothing else is widened.
 Without bubblewrap (macOS, Colab, or where user namespaces are disabled) workers run as
 ordinary processes: every resource limit and the process-per-notebook model still hold,
 and Landlock still confines files and TCP where the kernel has it, but the namespaces
@@ -44,6 +47,7 @@ class Isolation:
     bubblewrap: str | None  # path of bwrap, None where workers run without a sandbox
     landlock: int  # the kernel's Landlock ABI, 0 if none
     why_not: str = ""  # why there is no sandbox
+    gpu: str | None = None  # the GPU notebooks get (its name), None for none
 
     @property
     def root(self) -> bool:
@@ -52,7 +56,8 @@ class Isolation:
     def summary(self) -> str:
         where = "bubblewrap sandbox" if self.bubblewrap else "NO SANDBOX"
         landlock_text = f"Landlock ABI {self.landlock}" if self.landlock else "no Landlock"
-        return f"{where}, {landlock_text}" + (", notebooks run as unprivileged users" if self.root and self.bubblewrap else "")
+        users = ", notebooks run as unprivileged users" if self.root and self.bubblewrap else ""
+        return f"{where}, {landlock_text}{users}" + (f", GPU passed in ({self.gpu})" if self.gpu else "")
 
     def warnings(self) -> list[str]:
         if self.bubblewrap:
@@ -117,12 +122,39 @@ def _system_arguments() -> list[str]:
     args += ["--perms", "0755", "--dir", "/etc"]  # else private to root: the notebooks' user could not read
     for name in ETC:                               # fonts.conf, and dot would complain on every graph
         args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-    for device in glob.glob("/dev/nvidia*"):  # a GPU, if there is one, is initialised in the child
-        args += ["--dev-bind", device, device]
     return args
 
 
-def bubblewrap_arguments(bwrap: str, readable: list[str]) -> list[str]:
+def gpu_devices() -> list[str]:
+    """The NVIDIA device nodes (/dev/nvidia0, /dev/nvidiactl, /dev/nvidia-uvm, ...)."""
+    return sorted(glob.glob("/dev/nvidia*"))
+
+
+def driver_directories() -> list[str]:
+    """Directories of the NVIDIA driver's libraries (libcuda, libnvidia-*) that the system
+    directories do not hold already (a container may mount them elsewhere)."""
+    try:
+        cache = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    found = {os.path.dirname(os.path.realpath(line.split(" => ")[-1].strip())) for line in cache.splitlines()
+             if " => " in line and line.strip().startswith(("libcuda.", "libnvidia-"))}
+    inside = [os.path.realpath(p) for p in SYSTEM if os.path.exists(p)]
+    return sorted(d for d in found if os.path.isdir(d) and not any(Path(d).is_relative_to(s) for s in inside))
+
+
+def find_gpu() -> tuple[str | None, str]:
+    """(the name of the GPU that notebooks get, "") or (None, why there is none)."""
+    if not gpu_devices():
+        return None, "no NVIDIA device (/dev/nvidia*) on this machine"
+    import torch
+
+    if not torch.cuda.is_available():
+        return None, "torch finds no CUDA device here (CUDA_VISIBLE_DEVICES, or a torch built without CUDA)"
+    return torch.cuda.get_device_name(), ""
+
+
+def bubblewrap_arguments(bwrap: str, readable: list[str], gpu: bool = False) -> list[str]:
     args = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
             "--unshare-uts", "--unshare-cgroup-try", "--clearenv"]
     if os.geteuid() == 0:  # the worker drops each child to nobody, and must be able to end it
@@ -130,6 +162,11 @@ def bubblewrap_arguments(bwrap: str, readable: list[str]) -> list[str]:
     else:
         args += ["--unshare-user"]
     args += _system_arguments() + ["--proc", "/proc", "--dev", "/dev", "--ro-bind-try", "/sys", "/sys"]
+    if gpu:  # after the fresh /dev, which would hide them; the driver needs them read-write (ioctl)
+        for device in gpu_devices():
+            args += ["--dev-bind", device, device]
+        for directory in driver_directories():
+            args += ["--ro-bind", directory, directory]
     # The empty file systems first: Python installed under /tmp (a CI checkout) is bound on top of them.
     args += ["--tmpfs", STATE, "--size", str(SCRATCH_BYTES), "--perms", "1777", "--tmpfs", SCRATCH]
     parents = sorted({str(p) for path in readable for p in Path(path).parents} - {"/", STATE, SCRATCH})
@@ -147,19 +184,23 @@ TRIALS = 3
 
 
 def probe(use_sandbox: bool = True, course_root: Path = Path.cwd()) -> Isolation:
+    """What this machine offers; a GPU that the grader's torch can use goes to the notebooks
+    too (the checks send them CUDA tensors)."""
     abi = landlock.abi()
+    gpu, _ = find_gpu()
     if not use_sandbox:
-        return Isolation(None, abi, "--no-sandbox was given")
+        return Isolation(None, abi, "--no-sandbox was given", gpu)
     bwrap = shutil.which("bwrap")
     if bwrap is None:
-        return Isolation(None, abi, "bubblewrap (bwrap) is not installed")
-    command = [*bubblewrap_arguments(bwrap, readable_paths(course_root)), "--", sys.executable, "-I", "-c", "pass"]
+        return Isolation(None, abi, "bubblewrap (bwrap) is not installed", gpu)
+    command = [*bubblewrap_arguments(bwrap, readable_paths(course_root), gpu is not None), "--", sys.executable, "-I",
+               "-c", "pass"]
     for attempt in range(TRIALS):  # a busy machine may fail one (e.g. namespaces still being freed)
         trial = subprocess.run(command, capture_output=True, text=True, timeout=60)
         if trial.returncode == 0:
-            return Isolation(bwrap, abi)
+            return Isolation(bwrap, abi, gpu=gpu)
         time.sleep(0.5 * (attempt + 1))
-    return Isolation(None, abi, f"bubblewrap does not work here ({trial.stderr.strip() or trial.returncode})")
+    return Isolation(None, abi, f"bubblewrap does not work here ({trial.stderr.strip() or trial.returncode})", gpu)
 
 
 @dataclass
@@ -190,16 +231,18 @@ def launch(isolation: Isolation, course_root: Path, runtime: Path, control_fd: i
     }
     command = [sys.executable, "-I", "-B", "-m", "autograder.runner.zygote", str(control_fd)]
     if sandboxed:
-        prefix = bubblewrap_arguments(isolation.bubblewrap, readable)
+        prefix = bubblewrap_arguments(isolation.bubblewrap, readable, isolation.gpu is not None)
         for name, value in env.items():
             prefix += ["--setenv", name, value]
         command = [*prefix, "--", *command]
     config = WorkerConfig(
         sandboxed=sandboxed,
         scratch=scratch,
-        readable=[*without(readable, hidden_paths()), *(p for p in SYSTEM if os.path.exists(p)), "/etc"],
+        readable=[*without(readable, hidden_paths()), *(p for p in SYSTEM if os.path.exists(p)), "/etc",
+                  *(driver_directories() if isolation.gpu else [])],
         limit_processes=sandboxed,
         uid=FIRST_UID + slot if sandboxed and isolation.root else None,
+        gpu=isolation.gpu is not None,
     )
     return Launch(command, env, config)
 
