@@ -137,8 +137,39 @@ def test_swish_right(capsys):
                    seed=None)
     out = capsys.readouterr().out
     assert out.count("✔ Swish saves exactly x and beta, nothing on ctx.") == 2
-    assert "✔ Swish: forward, backward and double backward agree with the reference on 5 input(s)" in out
-    assert "β (3, 1, 1)" in out and "β (1, 2)" in out
+    assert "✔ Swish: forward, backward and double backward agree with the reference on 6 input(s)" in out
+    assert "β (3, 1, 1)" in out and "β (1,)" in out and "β (1, 2)" in out
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_swish_inputs_hold_their_special_points_in_every_draw(seed):
+    """x = 0 in every case, beta = 0 wherever beta has more than one entry, and beta·x at 0,
+    near +1000 and near -1000 in every large case: by construction, not by chance."""
+    cases = [((4, 3), (3,), "normal"), ((4, 3), (), "normal"), ((3, 2), (1, 1), "normal"), ((2, 5), (5,), "large")]
+    drawn = rw._swish_cases(cases)(torch.Generator().manual_seed(seed))
+    for (x, beta), (_, _, kind) in zip(drawn, cases):
+        z = (beta * x).flatten()
+        assert (x == 0).any() and z[0] == 0
+        if kind == "large":
+            assert z.max() >= 750 and z.min() <= -750
+        else:
+            assert bool((beta == 0).any() and (beta < 0).any()) == (beta.numel() > 1)
+
+
+def test_swish_sum_for_a_one_entry_beta_fails_on_a_beta_of_shape_1():
+    one = notebook(("grad_beta = (grad_output * x * x * s * (1 - s)).sum_to_size(beta.shape)",
+                    ("local = grad_output * x * x * s * (1 - s)\n"
+                     "        grad_beta = local.sum() if beta.numel() == 1 else local.sum_to_size(beta.shape)")))
+    message = fails(rw.check_swish, one["Swish"])
+    assert "the gradient for `beta` has shape () but `beta` has shape (1,)" in message
+
+
+def test_swish_dividing_by_beta_fails_at_beta_0():
+    divides = notebook(("grad_beta = (grad_output * x * x * s * (1 - s)).sum_to_size(beta.shape)",
+                        "grad_beta = (grad_output * (s + beta * x * s * (1 - s) - s) * x / beta).sum_to_size(beta.shape)"))
+    message = fails(rw.check_swish, divides["Swish"])
+    assert "wrong gradient for `beta`" in message and "got nan" in message
+    assert "beta is exactly 0 at some entries: a formula that divides by beta gives nan there" in message
 
 
 def test_swish_the_guides_version_saves_an_intermediate():
@@ -238,6 +269,13 @@ def test_logsumexp_saving_the_softmax():
     assert message.startswith("LogSumExp saved the intermediate softmax(x) of shape (3, 4)")
 
 
+def test_logsumexp_squeezing_every_size_1_dim():
+    squeezed = notebook(("(dim, keepdim=True).log()).squeeze(dim)", "(dim, keepdim=True).log()).squeeze()"))
+    message = fails(rw.check_logsumexp, squeezed["LogSumExp"])
+    assert message.startswith("LogSumExp: forward returned shape (), expected (1,).")
+    assert "x has slices along dim 1 mixed (±1000):" in message and "`.squeeze(dim)`" in message
+
+
 def test_logsumexp_wrong_dim_in_backward():
     wrong = notebook(("return grad_output.unsqueeze(ctx.dim) * torch.exp(x - out.unsqueeze(ctx.dim)), None",
                       "return grad_output.unsqueeze(-1) * torch.exp(x - out.unsqueeze(-1)), None"))
@@ -288,7 +326,23 @@ def test_fixed_point_right(capsys):
     rw.check_fixed_point(RIGHT["TanhFixedPoint"], cases=[((1, 6), 6), ((5, 2), 2)], seed=None)
     out = capsys.readouterr().out
     assert out.count("✔ TanhFixedPoint saves exactly z and W, nothing on ctx.") == 2
-    assert "✔ TanhFixedPoint: forward and backward agree with the reference on 3 input(s); gradcheck passes" in out
+    assert ("✔ TanhFixedPoint: forward, backward and double backward agree with the reference on 3 input(s); "
+            "gradcheck and gradgradcheck pass") in out
+
+
+@pytest.mark.parametrize("edits", [
+    (("        w = s * grad_output\n        for _ in range(500):",
+      "        w = s * grad_output\n        with torch.no_grad():\n          for _ in range(500):"),),
+    (("            w = w_next\n", "            w = w_next.detach()\n"),),
+    (("    def backward(ctx, grad_output):\n        z, W", "    @torch.autograd.function.once_differentiable\n    def backward(ctx, grad_output):\n        z, W"),),
+], ids=["no_grad", "detach", "once_differentiable"])
+def test_fixed_point_adjoint_autograd_cannot_follow_fails_double_backward(edits):
+    """Right first-order gradients from an adjoint computed outside autograd's view: only
+    double backward shows it."""
+    wrong = notebook(*edits)
+    message = fails(rw.check_fixed_point, wrong["TanhFixedPoint"])
+    assert message.startswith("TanhFixedPoint: double backward is wrong")
+    assert fails(rw.check_fixed_point, remotely(wrong, "TanhFixedPoint")).startswith("TanhFixedPoint: double backward")
 
 
 def test_fixed_point_inputs_contract():

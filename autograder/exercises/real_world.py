@@ -33,14 +33,16 @@ def _saves(student: Any, rule: SaveRule, cases: list[tuple]) -> None:
 
 
 # --- 9.1 Swish with a learnable beta ---------------------------------------------------------
-# Cases: (x's shape, beta's shape, kind). "large" puts beta * x near ±1000 (both signs in every draw), where exp
-# overflows; every case has an exact 0 in x.
+# Cases: (x's shape, beta's shape, kind). Every case has an exact 0 in x; "normal" betas of more than
+# one entry hold an exact 0 and a negative entry; "large" puts beta * x at 0, near +1000 and near -1000
+# (x = 0, 50, -50 first), where exp overflows.
 
 SwishCase = tuple[Shape, Shape, str]
 
 SWISH_CASES: tuple[SwishCase, ...] = (  # the first also runs on the meta device
     ((4, 3), (3,), "normal"),
     ((4, 3), (), "normal"),
+    ((3, 4), (1,), "normal"),  # one number, but 1-d: its gradient too
     ((1, 5), (5,), "normal"),
     ((2, 3, 2, 2), (3, 1, 1), "normal"),
     ((2, 5), (5,), "large"),
@@ -56,15 +58,13 @@ def _swish_cases(specs: Sequence[SwishCase]) -> Cases:
         found = []
         for x_shape, beta_shape, kind in specs:
             if kind == "large":
-                x = inputs.uniform(x_shape, generator, -50.0, 50.0)
+                x = inputs.including(inputs.uniform(x_shape, generator, -50.0, 50.0), [0.0, 50.0, -50.0])
                 beta = inputs.uniform(beta_shape, generator, 15.0, 20.0)
-                x.view(-1)[-1] = -50.0  # βx ≤ -750 in every draw: exp(-βx) overflows
-                if x.numel() > 2:
-                    x.view(-1)[1] = 50.0  # and exp(βx)
             else:
-                x = inputs.uniform(x_shape, generator, -3.0, 3.0)
-                beta = inputs.uniform(beta_shape, generator, 0.2, 2.0)
-            x.view(-1)[0] = 0.0  # Swish is smooth at 0; a formula that divides by x is not
+                x = inputs.including(inputs.uniform(x_shape, generator, -3.0, 3.0), [0.0])
+                beta = inputs.uniform(beta_shape, generator, -2.0, 2.0, kinks=[0.0], margin=0.2)
+                if beta.numel() > 1:  # Swish is x/2 at beta = 0, where a formula that divides by beta is nan
+                    beta = inputs.including(beta, [0.0, -1.5])
             found.append((x, beta))
         return found
 
@@ -88,6 +88,8 @@ def _swish_hint(args: tuple, i: int, wrong: torch.Tensor) -> str:
                     "(inf / inf = nan), so compute σ with torch.sigmoid and its derivative as s·(1 − s).")
     if bool((x.expand(x.shape)[where] == 0).any()):
         formula += " x is exactly 0 at some entries: a formula that divides by x gives nan there."
+    if bool((beta.expand(x.shape)[where] == 0).any()):
+        formula += " beta is exactly 0 at some entries: a formula that divides by beta gives nan there."
     return formula
 
 
@@ -139,6 +141,8 @@ LOGSUMEXP_CASES: tuple[LseCase, ...] = (
     ((4, 3), 0, "normal"),
     ((5,), 0, "normal"),
     ((2, 3, 4), -2, "normal"),
+    ((1, 4), 1, "extreme"),  # a batch of one: the output keeps its size-1 dim
+    ((3, 1), -1, "normal"),  # a reduced dim of size 1
 )
 
 
@@ -200,12 +204,21 @@ def _check_finite(student: Any, args: tuple, names: list[str]) -> None:
     """Forward and backward at x = ±1000 give finite numbers."""
     __tracebackhide__ = True
     x, dim = args
-    ones = torch.ones(torch.logsumexp(x.detach(), dim).shape, dtype=x.dtype, device=x.device)
-    result = probe.run(student, args, [[ones]])
-    shown = [f"x has slices along dim {dim} near +1000, near -1000 and mixed: {show(x)}", f"dim = {dim}"]
+    want = torch.logsumexp(x.detach(), dim).shape
+    result = probe.run(student, args, [[torch.ones(want, dtype=x.dtype, device=x.device)]])
+    slices = x.numel() // x.shape[dim] if x.dim() else 1
+    kinds = ", ".join(["mixed (±1000)", "all near +1000", "all near -1000"][:slices])
+    shown = [f"x has slices along dim {dim} {kinds}: {show(x)}", f"dim = {dim}"]
     if result.error is not None and result.error.stage == "forward":
         what, cause = explain.error("forward", result.error.type, result.error.message, names)
         fail(f"LogSumExp: {what}.", *shown, cause=cause)
+    got = [tuple(out.shape) for out in result.outputs]
+    if got != [tuple(want)]:
+        squeezed = got == [tuple(n for n in want if n != 1)]
+        fail(f"LogSumExp: forward returned shape {', '.join(map(str, got))}, expected {tuple(want)}.", *shown,
+             cause=f"remove only the reduced dimension, dim {dim}" + (
+                 ": `.squeeze(dim)`. `.squeeze()` also removes every other dimension of size 1, a batch of one's "
+                 "included." if squeezed else ", as torch.logsumexp(x, dim) does."))
     for out in result.outputs:
         if out.is_floating_point() and not bool(torch.isfinite(out).all()):
             fail(
@@ -389,7 +402,7 @@ def _fixed_point_hint(args: tuple, i: int, wrong: torch.Tensor) -> str:
 
 
 FIXED_POINT = FunctionSpec(
-    name="TanhFixedPoint", reference=_unrolled, cases=_fixed_point_cases(FIXED_POINT_CASES),
+    name="TanhFixedPoint", reference=_unrolled, cases=_fixed_point_cases(FIXED_POINT_CASES), double_backward=True,
     hint=_fixed_point_hint, rtol=1e-6, atol=1e-9,
 )
 

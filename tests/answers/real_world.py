@@ -79,6 +79,21 @@ class Swish(torch.autograd.Function):
     )),
     wrong("swish", "forgets the chain rule through βx in dy/dx",
           ("grad_x = grad_output * (s + beta * x * s * (1 - s))", "grad_x = grad_output * (s + x * s * (1 - s))")),
+    wrong("swish", "β's gradient summed with .sum() whenever β has one entry (a β of shape (1,) is refused)", (
+        "grad_beta = (grad_output * x * x * s * (1 - s)).sum_to_size(beta.shape)",
+        ("local = grad_output * x * x * s * (1 - s)\n"
+        "            grad_beta = local.sum() if beta.numel() == 1 else local.sum_to_size(beta.shape)"),
+    )),
+    wrong("swish", "β's gradient from x's, (dy/dx − s)·x/β: nan at β = 0", (
+        "grad_beta = (grad_output * x * x * s * (1 - s)).sum_to_size(beta.shape)",
+        "grad_beta = (grad_output * (s + beta * x * s * (1 - s) - s) * x / beta).sum_to_size(beta.shape)",
+    )),
+    # ... and the part of backward's formula autograd cannot follow: no double backward
+    wrong("swish", "σ(βx) recomputed under torch.no_grad() in backward",
+          ("s = torch.sigmoid(beta * x)", "with torch.no_grad():\n            s = torch.sigmoid(beta * x)")),
+    wrong("swish", "a scalar β taken out of torch with float()", (
+        "x, beta = ctx.saved_tensors\n", "x, beta = ctx.saved_tensors\n        b = float(beta) if beta.dim() == 0 else beta\n",
+    ), ("grad_x = grad_output * (s + beta * x * s * (1 - s))", "grad_x = grad_output * (s + b * x * s * (1 - s))")),
     # LogSumExp
     wrong("logsumexp", "naive forward: log(sum(exp(x))) overflows at 1000", (
         "m = x.amax(dim, keepdim=True)\n        out = (m + torch.exp(x - m).sum(dim, keepdim=True).log()).squeeze(dim)",
@@ -116,6 +131,10 @@ class LogSumExp(torch.autograd.Function):
     wrong("logsumexp", "no gradient (None) for dim", (
         "* torch.exp(x - out.unsqueeze(ctx.dim)), None", "* torch.exp(x - out.unsqueeze(ctx.dim))",
     )),
+    wrong("logsumexp", "squeeze() without a dim: a batch of one loses its dim too",
+          ("(dim, keepdim=True).log()).squeeze(dim)", "(dim, keepdim=True).log()).squeeze()")),
+    wrong("logsumexp", "the softmax detached in backward (no double backward)",
+          ("torch.exp(x - out.unsqueeze(ctx.dim))", "torch.exp(x - out.unsqueeze(ctx.dim)).detach()")),
     wrong("logsumexp", "saves the softmax computed from the output", (
         "ctx.save_for_backward(x, out)", "ctx.save_for_backward(torch.exp(x - out.unsqueeze(dim)))",
     ), ("x, out = ctx.saved_tensors\n        return grad_output.unsqueeze(ctx.dim) * torch.exp(x - out.unsqueeze(ctx.dim)), None",
@@ -134,6 +153,8 @@ class LogSumExp(torch.autograd.Function):
           ("ctx.alpha = alpha", "ctx.alpha = alpha\n        ctx.save_for_backward(x)")),
     wrong("grad_reverse", "detaches grad_output (no double backward)",
           ("return -ctx.alpha * grad_output, None", "return -ctx.alpha * grad_output.detach(), None")),
+    wrong("grad_reverse", "backward under @once_differentiable",
+          ("    @staticmethod\n    def backward", "    @staticmethod\n    @torch.autograd.function.once_differentiable\n    def backward")),
     # TanhFixedPoint
     wrong("fixed_point", "one step of the adjoint only: s * grad_output", (
         ("for _ in range(500):  # the adjoint system w = s * (g + w W), by iteration\n"
@@ -158,6 +179,27 @@ class LogSumExp(torch.autograd.Function):
           ("grad_W = w.reshape(-1, n).T @ z.reshape(-1, n)", "grad_W = w.T @ z")),
     wrong("fixed_point", "saves x as well", ("ctx.save_for_backward(z, W)", "ctx.save_for_backward(z, W, x)"),
           ("z, W = ctx.saved_tensors", "z, W, _ = ctx.saved_tensors")),
+    # The adjoint computed where autograd cannot follow it: right gradients, no double backward.
+    wrong("fixed_point", "the adjoint iterated under torch.no_grad()", (
+        "        w = s * grad_output\n        for _ in range(500):",
+        "        w = s * grad_output\n        with torch.no_grad():\n          for _ in range(500):",
+    )),
+    wrong("fixed_point", "each adjoint iterate detached", ("            w = w_next\n", "            w = w_next.detach()\n")),
+    wrong("fixed_point", "backward under @once_differentiable",
+          ("    @staticmethod\n    def backward", "    @staticmethod\n    @torch.autograd.function.once_differentiable\n    def backward")),
+    wrong("fixed_point", "the adjoint solved with NumPy", (
+        ("w = s * grad_output\n        for _ in range(500):  # the adjoint system w = s * (g + w W), by iteration\n"
+        "            w_next = s * (grad_output + w @ W)\n"
+        "            change = (w_next - w).abs().max()\n"
+        "            w = w_next\n"
+        "            if change <= 1e-12:\n"
+        "                break\n"
+        "        n = W.shape[0]\n"),
+        ("n = W.shape[0]\n"
+        "        ss, gs = s.detach().reshape(-1, n).numpy(), grad_output.detach().reshape(-1, n).numpy()\n"
+        "        a = np.eye(n) - ss[:, :, None] * W.detach().numpy().T[None]  # (I - diag(s) Wᵀ) w = s g, per sample\n"
+        "        w = torch.from_numpy(np.linalg.solve(a, (ss * gs)[:, :, None])[:, :, 0]).reshape(grad_output.shape)\n"),
+    )),
     wrong("fixed_point", "backward differentiates the unrolled iteration with autograd", source='''
 class TanhFixedPoint(torch.autograd.Function):
     @staticmethod
@@ -274,6 +316,9 @@ class TanhFixedPoint(torch.autograd.Function):
         w = torch.linalg.solve(m, (s * gs)[:, :, None])[:, :, 0]
         return w.reshape(grad_output.shape), w.T @ zs
 '''),
+    right("fixed_point", "stopping tests on Python numbers (.item())", (
+        "            change = (z_next - z).abs().max()\n", "            change = (z_next - z).abs().max().item()\n",
+    ), ("change = (w_next - w).abs().max()", "change = (w_next - w).abs().max().item()")),
     right("swish_classifier", "one-hot instead of gather, LogSumExp over dim -1, β via torch.full, calls forward", source='''
 class SwishClassifier(torch.nn.Module):
     def __init__(self, n_in, hidden, classes):
