@@ -17,7 +17,7 @@ WORK ?= work
 PUBLIC ?= public
 ROOT_FLAG = $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
-.PHONY: test lab instructor release publish autograde bench compare-stock lock system-tools test-tools clean
+.PHONY: test lab instructor release publish autograde bench compare-stock fuzz gpu-check gpu-wheels lock system-tools test-tools clean
 
 test: $(STAMP) system-tools test-tools
 	$(BIN)/python -m pytest
@@ -63,10 +63,31 @@ bench: $(STAMP) system-tools test-tools
 	$(BIN)/python bench/run_all.py
 	$(BIN)/python bench/scaling.py
 
+# A thousand notebooks mutated at random in structure and metadata, graded beside honest
+# students (tests/test_fuzz.py; `make test` grades a sample). FUZZ_SEED replays a run.
+FUZZ ?= 1000
+FUZZ_SEED ?= 20261127
+fuzz: $(STAMP) system-tools
+	$(BIN)/python -m pytest -n 0 tests/test_fuzz.py --fuzz $(FUZZ) --fuzz-seed $(FUZZ_SEED)
+
 # `make test` compares the engine's scores with stock nbgrader's on a sample covering every
 # exercise; this compares them on every known answer (stock nbgrader: about 20 minutes).
 compare-stock: $(STAMP) system-tools
 	$(BIN)/python -m pytest tests/test_engine_scores.py --stock-all
+
+# The CUDA path, on a GPU machine whose python3 has torch and nothing else of ours (README,
+# "Checking on a GPU"): every notebook top to bottom, every known answer (device bugs included)
+# with CUDA and with CUDA hidden, the real grader on a class batch where build/gpu-check was
+# carried, the checks' times; the report in $(GPU_OUT)/report.md and report.json. Without CUDA
+# it runs what it can and lists what it skipped (`make test` runs its --quick form).
+GPU_OUT ?= bench/results/gpu-check
+gpu-check:
+	$(PYTHON) bench/gpu_check.py $(GPU_OUT) $(ARGS)
+
+# The grader's dependencies as wheels for the GPU machine's Python (ARGS="--python-version 3.12"),
+# in build/gpu-check/wheels: carry that folder with the working tree.
+gpu-wheels: $(STAMP)
+	$(BIN)/python bench/gpu_grade.py --download $(ARGS)
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || { \

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .devices import NO_CUDA
+from . import devices
 
 
 def setup(seed: int = 0) -> None:
@@ -12,8 +12,4 @@ def setup(seed: int = 0) -> None:
     # Checks run many tiny operations; with several threads each one waits on the thread
     # pool, which made them 10-40x slower on a busy 2-core machine.
     torch.set_num_threads(1)
-    if torch.cuda.is_available():
-        where = f"cpu and cuda ({torch.cuda.get_device_name()})"
-    else:
-        where = f"cpu ({NO_CUDA})"
-    print(f"torch {torch.__version__}; checks run on {where}.")
+    print(f"torch {torch.__version__}; {devices.where()}.")

@@ -2,12 +2,18 @@
 unusual correct ones that must keep them all (graded end to end by test_grading.py).
 
 Each module is named after a notebook without its number (`function_basics` for
-`03_function_basics`) and defines MUTANTS and VARIANTS, lists of `Answer`.
+`03_function_basics`) and defines MUTANTS and VARIANTS, lists of `Answer`; the device bugs
+of every notebook are in `devices` (for_notebook adds them to the notebook's own).
 """
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from types import SimpleNamespace
+
+# Where a device bug is caught (Answer.device): "cpu" (it fails on the CPU already), "meta" (the
+# checks' run on the meta device catches it on any machine), "cuda" (only a run on a GPU does).
+CAUGHT_ON = ("cpu", "meta", "cuda")
 
 
 @dataclass(frozen=True)
@@ -17,6 +23,11 @@ class Answer:
     edits: tuple[tuple[str, str], ...] = ()  # (old, new) replacements in the model solution
     source: str | None = None  # or the whole cell
     flag: str | None = None  # why `autograder grade` flags it for a person (honest, yet worth a look)
+    device: str | None = None  # a device bug: the run that catches it (CAUGHT_ON)
+
+    def __post_init__(self) -> None:
+        if self.device not in (None, *CAUGHT_ON):
+            raise ValueError(f"{self.exercise} / {self.label}: device must be one of {CAUGHT_ON}")
 
     def apply(self, solution: str) -> str:
         if self.source is not None:
@@ -28,13 +39,18 @@ class Answer:
         return solution
 
 
-def wrong(exercise: str, label: str, *edits: tuple[str, str], source: str | None = None, flag: str | None = None) -> Answer:
-    return Answer(exercise, label, tuple(edits), source, flag)
+def wrong(exercise: str, label: str, *edits: tuple[str, str], source: str | None = None, flag: str | None = None,
+          device: str | None = None) -> Answer:
+    return Answer(exercise, label, tuple(edits), source, flag, device)
 
 
 right = wrong
 
 
-def for_notebook(slug: str):
-    """The answers module of notebook `slug` (e.g. 03_function_basics)."""
-    return importlib.import_module(f"answers.{slug.split('_', 1)[1]}")
+def for_notebook(slug: str) -> SimpleNamespace:
+    """MUTANTS and VARIANTS of notebook `slug` (e.g. 03_function_basics): its module's, and its device bugs."""
+    from . import devices
+
+    module = importlib.import_module(f"{__name__}.{slug.split('_', 1)[1]}")
+    return SimpleNamespace(MUTANTS=[*module.MUTANTS, *devices.MUTANTS.get(slug, [])],
+                           VARIANTS=[*module.VARIANTS, *devices.VARIANTS.get(slug, [])])
