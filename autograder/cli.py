@@ -108,6 +108,62 @@ def grade(
 
 
 @app.command()
+def replay(
+    assignment: str = typer.Argument(..., help="The assignment, e.g. 03_function_basics."),
+    student: str = typer.Argument(..., help="The student whose verdict to replay."),
+    cell: str = typer.Argument(..., help="The test cell's grade_id, e.g. check_linear_hidden."),
+    course: Path = typer.Option(Path("."), help="The course root."),
+) -> None:
+    """Judge one test cell of one submission again and compare it with the recorded verdict.
+
+    After a complaint, say: the cell's checks draw the inputs its verdict was drawn from
+    (the seeds its autograded notebook records), and the notebook runs sandboxed up to
+    that cell, as when it was graded; nothing is written.
+    Exit codes: 0 the verdict is the recorded one, 1 it differs (or was never recorded),
+    2 there is nothing to replay.
+    """
+    from .grader.preflight import GradingError
+    from .grader.records import Options, as_text
+    from .grader.replay import replay as run
+
+    try:
+        found = run(Options(root=course.resolve()), assignment, student, cell)
+    except GradingError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(error.code) from None
+    typer.echo(f"{student} / {assignment} / {cell}, judged again with {found.seeds}:")
+    typer.echo(as_text(found.outputs).rstrip() or "(no output)")
+    if found.failure:
+        typer.echo(f"the notebook stopped: {found.failure}")
+    score = "no score (a visible check)" if found.score is None else f"score {found.score:g}"
+    recorded = "never graded" if found.recorded_outputs is None else f"recorded score {found.recorded_score}"
+    typer.echo(f"{score}; {recorded}: {'the same verdict' if found.same else 'a DIFFERENT verdict'}")
+    raise typer.Exit(0 if found.same else 1)
+
+
+@app.command()
+def secret(
+    rotate: bool = typer.Option(False, "--rotate", help="Make a new secret: grades from now on draw other inputs."),
+    course: Path = typer.Option(Path("."), help="The course root."),
+) -> None:
+    """Show or rotate the course's grading secret, which every check's inputs derive from.
+
+    It is made the first time the course is graded and kept with the gradebook (copy both
+    when grading moves to another machine: regrades draw the same inputs only with it).
+    Students never see it. Rotate it if it may have leaked; each autograded notebook
+    records its cells' seeds, so `autograder replay` still replays earlier grades.
+    """
+    from .grader import secret as secrets
+
+    root = course.resolve()
+    if not (root / "nbgrader_config.py").exists():
+        typer.echo(f"error: {root} is not a course root (no nbgrader_config.py): run this there, or pass --course", err=True)
+        raise typer.Exit(2)
+    key = secrets.rotate(root) if rotate else secrets.load(root)[0]
+    typer.echo(f"{'new ' if rotate else ''}grading secret {secrets.fingerprint(key)} in {secrets.path(root)}")
+
+
+@app.command()
 def publish(
     out: Path = typer.Argument(Path("public"), help="Folder for the public repository's content (a clone of it, or a new folder)."),
     self_study: bool = typer.Option(

@@ -16,11 +16,17 @@ import pytest
 
 from answers import for_notebook
 from autograder import authoring
+from autograder.checks import inputs
 from autograder.checks.remote import loopback
 from autograder.grader.verdicts import Judge, StudentNames, is_test_cell, run_cell, verdicts
 from grading import exercises, namespace
 
 SLUGS = authoring.assignments()
+
+
+def SEEDS(grade_id: str) -> int:
+    """Each test cell's seed, the same in both runs: they compare one draw."""
+    return inputs.cell_seed(b"test_verdicts", grade_id)
 
 
 def _local_scores(cells: list, ns: dict) -> dict[str, bool]:
@@ -29,7 +35,8 @@ def _local_scores(cells: list, ns: dict) -> dict[str, bool]:
     for cell in filter(is_test_cell, cells):
         meta = cell.metadata.nbgrader
         try:
-            result = run_cell(cell.source, ns)
+            with inputs.seeded(SEEDS(meta["grade_id"])):
+                result = run_cell(cell.source, ns)
             ok = not (isinstance(result, (int, float)) and not isinstance(result, bool) and result < meta["points"])
         except Exception:
             ok = False
@@ -39,7 +46,7 @@ def _local_scores(cells: list, ns: dict) -> dict[str, bool]:
 
 
 def _trusted_scores(cells: list, ns: dict) -> dict[str, bool]:
-    return {v.grade_id: v.score == v.max_score for v in verdicts(cells, loopback(ns))}
+    return {v.grade_id: v.score == v.max_score for v in verdicts(cells, loopback(ns), SEEDS)}
 
 
 def _cases():
@@ -89,7 +96,7 @@ def test_each_cell_is_judged_with_the_students_names_as_they_are_then():
         nbformat.v4.new_code_cell("assert answer == expected + 1", metadata={"nbgrader": {**graded, "grade_id": "check2"}}),
     ]
     ns = {"answer": 1}
-    judge = Judge(cells)
+    judge = Judge.of(cells, SEEDS)
     assert [i for i in range(3) if judge.judges(i)] == [1, 2]
     assert judge.judge(1, loopback(ns)).score == 1
     ns["answer"] = 2  # the student's later cell changes it

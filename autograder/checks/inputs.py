@@ -1,23 +1,59 @@
-"""Seeded float64 inputs for checks, kept away from points where a derivative jumps."""
+"""Seeded float64 inputs for checks, kept away from points where a derivative jumps.
+
+Every input a check draws comes from a recorded seed. In a notebook's own kernel a check
+uses the seed it is given (`seed=0` in the visible checks, so a student sees the same
+inputs on every run; `seed=None` takes the next of a fixed sequence). When grading, the
+grader runs each test cell inside `seeded(cell_seed(...))`: every check of the cell then
+draws from a seed derived from the course's secret, the assignment, the notebook and the
+cell (and from the check's own seed and its place in the cell) — the same for every
+student, so two students with the same bug get the same score and a regrade is identical,
+and unknown to the students, so inputs they have seen gain them nothing.
+"""
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import secrets
+import hashlib
+import hmac
+import itertools
 from typing import Iterator, Sequence
 
 import torch
 
-# Set while the grader re-runs checks: every check draws new inputs (per thread: the
-# grader judges several notebooks at once).
-_fresh = contextvars.ContextVar("fresh_inputs", default=False)
+# The seed of the test cell being judged and the number of seeds drawn from it so far (per
+# thread: the grader judges several notebooks at once).
+_cell: contextvars.ContextVar[tuple[int, Iterator[int]] | None] = contextvars.ContextVar("cell_seed", default=None)
+_unseeded = itertools.count()  # `seed=None` outside a judged cell: a fixed sequence
+
+
+def cell_seed(secret: bytes, *names: str) -> int:
+    """The seed of one test cell's checks, from the course's secret and the cell's names
+    (assignment, notebook, grade_id)."""
+    return int.from_bytes(hmac.new(secret, "/".join(names).encode(), hashlib.sha256).digest()[:8], "big") >> 1
+
+
+def _derived(*parts: object) -> int:
+    return int.from_bytes(hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest(), "big") >> 1
+
+
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Judge a test cell: its checks draw from `seed` (see the module's docstring)."""
+    token = _cell.set((seed, itertools.count()))
+    try:
+        yield
+    finally:
+        _cell.reset(token)
 
 
 def seed_of(seed: int | None) -> int:
-    """The seed a check uses: `seed` (reproducible inputs, as in the visible checks), or a
-    fresh one for `None` — and always a fresh one in `fresh_inputs()`. (Not torch.seed(): it
-    would reseed the global generator, which the notebook's own examples use.)"""
-    return secrets.randbits(63) if seed is None or _fresh.get() else seed
+    """The seed a check uses (see the module's docstring). (Not torch.seed(): it would
+    reseed the global generator, which the notebook's own examples use.)"""
+    judged = _cell.get()
+    if judged is not None:
+        base, drawn = judged
+        return _derived(base, next(drawn), seed)
+    return _derived("unseeded", next(_unseeded)) if seed is None else seed
 
 
 def generator(seed: int | None) -> torch.Generator:
@@ -25,17 +61,6 @@ def generator(seed: int | None) -> torch.Generator:
     found = torch.Generator()
     found.manual_seed(seed_of(seed))
     return found
-
-
-@contextlib.contextmanager
-def fresh_inputs() -> Iterator[None]:
-    """Checks draw inputs nobody could have seen (the grader's trusted re-run), so code that
-    recognises the visible checks' inputs gains nothing."""
-    token = _fresh.set(True)
-    try:
-        yield
-    finally:
-        _fresh.reset(token)
 
 
 def uniform(

@@ -213,8 +213,8 @@ def _describe(dask_worker, plugin: str) -> dict:
 def _program(plain: dict) -> Program:
     from .verdicts import Judge
 
-    judge = Judge([])
-    judge.tests = {int(index): cell for index, cell in plain["tests"].items()}
+    judge = Judge({int(index): cell for index, cell in plain["tests"].items()},
+                  {int(index): int(seed) for index, seed in plain["seeds"].items()})
     return Program([tuple(cell) for cell in plain["cells"]], dict(plain["files"]), judge)
 
 
@@ -232,6 +232,7 @@ def plain_program(program: Program) -> dict:
         "files": dict(program.files),
         "tests": {index: {"source": str(cell["source"]),
                           "metadata": {"nbgrader": dict(cell["metadata"]["nbgrader"])}} for index, cell in tests.items()},
+        "seeds": dict(program.judge.seeds) if program.judge is not None else {},
     }
 
 

@@ -40,6 +40,7 @@ class Conversation:
         self.answers = 0  # bytes received for judging (not the notebook's output)
         self.probe_cpu = 0.0  # CPU seconds the process says it spent answering (for statistics only)
         self.lost: Exception | None = None
+        self.breach: str | None = None  # why the cell being judged scores 0 whatever its checks made of it
 
     def execute(self, cells: list[tuple[str, int]], deadline: Callable[[], float]) -> Iterator[dict]:
         """Run a run of the notebook's own cells, (source, execution count) each, one after the
@@ -61,6 +62,7 @@ class Conversation:
         if not isinstance(changes, list) or not all(isinstance(c, str) for c in changes):
             raise Tampering("a restore reply that is not a list of changes")
         changed.extend(c for c in changes if c not in changed)
+        self.breach = None
         return judge.judge(index, self.transport)
 
     def transport(self, request: dict) -> Any:
@@ -75,7 +77,11 @@ class Conversation:
             raise remote.RemoteError(f"the student's process did not answer ({error})") from None
         cpu = reply.get("cpu")
         self.probe_cpu += min(max(float(cpu), 0.0), 3600.0) if isinstance(cpu, (int, float)) else 0.0
-        return remote.result(reply.get("answer"), buffers)
+        try:
+            return remote.result(reply.get("answer"), buffers)
+        except wire.WireError as error:  # the checks may swallow it too: the cell scores 0 when judged
+            self.breach = self.breach or f"the student's process answered with more than the grader accepts ({error})"
+            raise remote.RemoteError(self.breach) from None
 
     def _judging(self, message: dict, buffers: list[bytes], expected: str) -> tuple[dict, list[bytes]]:
         started, received = time.monotonic(), self.channel.received

@@ -7,6 +7,7 @@ assignment, write the status files and, if asked, nbgrader's feedback.
 """
 from __future__ import annotations
 
+import functools
 import time
 from contextlib import closing
 from pathlib import Path
@@ -18,8 +19,9 @@ from rich.console import Console
 from sqlalchemy.exc import OperationalError
 from traitlets.config import Config
 
+from ..checks import inputs
 from .verdicts import Judge, warm
-from . import discover, feedback, progress, report, results, speedups, untrusted
+from . import discover, feedback, progress, report, results, secret, speedups, untrusted
 from .preflight import FAILED, GradingError
 from .pool import Pool
 from .records import Options, Program
@@ -46,6 +48,7 @@ def _grade(options: Options, config: Config, pool: Pool, console: Console) -> tu
             "(collect them with `nbgrader collect` or `nbgrader zip_collect` first)"
         )
     known = _known_notebooks(coursedir, {s.assignment for s in submissions})
+    key = _secret(options.root, console)
     skipped = [s for s in submissions if not options.force and discover.is_done(coursedir, s)]
     todo = [s for s in submissions if s not in skipped]
     outcomes: list[report.Outcome] = []
@@ -57,7 +60,7 @@ def _grade(options: Options, config: Config, pool: Pool, console: Console) -> tu
             modules, compiles = preparer.imports(notebooks), preparer.compiles(notebooks)
             pool.preload(modules, compiles)
             warm(modules, compiles)
-            outcomes = _grade_all(todo, known, pool, preparer, writer, console, options.limits)
+            outcomes = _grade_all(todo, known, pool, preparer, writer, console, options.limits, key)
     pool.close()  # the workers' memory and CPU go to what follows
     graded = sorted({o.submission.assignment for o in outcomes})
     for assignment in graded:
@@ -94,7 +97,21 @@ def _known_notebooks(coursedir: CourseDirectory, assignments: set[str]) -> dict[
 AHEAD = 2  # submissions prepared and queued per worker, so no worker waits for the grader
 
 
-def _grade_all(todo, known, pool, preparer, writer, console, limits) -> list[report.Outcome]:
+def _secret(root: Path, console: Console) -> bytes:
+    """The course's grading secret (made on the first run)."""
+    try:
+        key, made = secret.load(root)
+    except (OSError, ValueError) as error:
+        raise GradingError(f"the course's grading secret {secret.path(root)} cannot be read ({error}): restore it "
+                           "from your copy of the instructor's files, or make a new one with `autograder secret "
+                           "--rotate` (grades from then on draw other inputs)", FAILED) from None
+    if made:
+        console.print(f"Made the course's grading secret, {secret.path(root)}: keep it with the gradebook "
+                      "(regrades draw the same inputs only with it).")
+    return key
+
+
+def _grade_all(todo, known, pool, preparer, writer, console, limits, key: bytes) -> list[report.Outcome]:
     """Prepare, run and save, interleaved: this thread prepares and saves in turn, while the
     pool's threads run and judge."""
     waiting = iter(todo)
@@ -110,7 +127,9 @@ def _grade_all(todo, known, pool, preparer, writer, console, limits) -> list[rep
                 spent[submission.key] = time.thread_time() - cpu
                 running[submission.key] = (submission, items)
                 pool.submit(submission.key, [
-                    Program(p.code_cells(), submission.contents, Judge(p.nb.cells)) for p in items
+                    Program(p.code_cells(), submission.contents,
+                            Judge.of(p.nb.cells, functools.partial(inputs.cell_seed, key, submission.assignment, p.name)))
+                    for p in items
                     if not isinstance(p, results.NotebookResult)
                 ])
             if not running:
@@ -119,13 +138,13 @@ def _grade_all(todo, known, pool, preparer, writer, console, limits) -> list[rep
             submission, items = running.pop(key)
             took = sum(r.seconds for r in runs)
             queue = iter(runs)
-            notebook_results = [item if isinstance(item, results.NotebookResult) else results.graded(item, next(queue))
+            notebook_results = [item if isinstance(item, results.NotebookResult) else _graded(item, next(queue))
                                 for item in items]
-            outcome = _outcome(submission, notebook_results)
             cpu = time.thread_time()
             try:
-                writer.save(submission, notebook_results)
+                outcome = _outcome(submission, _save(writer, submission, notebook_results))
             except OperationalError as error:  # the gradebook is locked or gone: this one waits for a rerun
+                outcome = _outcome(submission, notebook_results)
                 outcome.status, outcome.saved = "failed", False
                 outcome.problems.append(f"not saved: the gradebook could not be written ({_first_line(error)}); "
                                         "run `autograder grade` again to grade it")
@@ -164,10 +183,35 @@ def _prepare(submission: discover.Submission, known: set[str], preparer: Prepare
             items.append(preparer.prepare(name, data, submission.student, submission.assignment))
         except Rejected as error:
             items.append(results.rejected(name, str(error), data))
+        except Exception as error:  # whatever a notebook holds, it stops no one else's grading
+            items.append(results.rejected(name, f"not graded: the grader could not prepare it ({_first_line(error)})", data))
     unused = [f"{reason}: not used" for _, reason in submission.refused]  # a person should know
     for item in items:
         (item.problems if isinstance(item, results.NotebookResult) else item.flags).extend(unused)
     return items
+
+
+def _graded(prepared, run) -> results.NotebookResult:
+    try:
+        return results.graded(prepared, run)
+    except Exception as error:  # outputs nothing can hold: the notebook alone fails
+        return results.rejected(prepared.name, f"not graded: its results could not be recorded ({_first_line(error)})")
+
+
+def _save(writer: Writer, submission: discover.Submission, notebook_results: list) -> list[results.NotebookResult]:
+    """Save the submission, and return what was saved: one whose autograded notebooks cannot
+    be written (what a notebook holds can break nbgrader's scorers) is saved as refused,
+    with the reason."""
+    try:
+        writer.save(submission, notebook_results)
+        return notebook_results
+    except (OperationalError, OSError):
+        raise
+    except Exception as error:
+        reason = f"not graded: its autograded notebook could not be written ({_first_line(error)})"
+        refused = [results.rejected(r.name, reason, r.data) if r.nb is not None else r for r in notebook_results]
+        writer.save(submission, refused)
+        return refused
 
 
 def _first_line(error: Exception) -> str:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..isolation import sandbox
 from ..isolation.limits import TRUNCATED, Limits
-from ..runner.protocol import Channel, ChannelClosed, ProtocolError
+from ..runner.protocol import Channel, ChannelClosed, ProtocolError, Undecodable
 
 from . import syntax
 from .records import Cell, Program, Run
@@ -122,10 +122,13 @@ class Worker:
         ours, theirs = socket.socketpair()
         started = time.monotonic()
         deadline = started + limits.timeout
-        self.control.send(
-            {"op": "run", "limits": limits.to_message(), "files": list(program.files)},
-            buffers=list(program.files.values()), fds=[theirs.fileno()],
-        )
+        try:
+            self.control.send(
+                {"op": "run", "limits": limits.to_message(), "files": list(program.files)},
+                buffers=list(program.files.values()), fds=[theirs.fileno()],
+            )
+        except OSError as error:  # (ChannelClosed included)
+            raise WorkerError(f"the worker did not take the notebook ({error})") from None
         theirs.close()
         channel = Channel(ours, limit=ESCAPED * limits.output + REPLY_SLACK)
         where, ended, conversation = "while starting", False, None
@@ -155,7 +158,7 @@ class Worker:
                     where = f"while running {label}"
                     reply = next(replies)
                     if channel.received - conversation.answers > ESCAPED * limits.output + REPLY_SLACK:
-                        raise ProtocolError(f"more than {limits.output} bytes of output")
+                        raise Undecodable(f"more than {limits.output} bytes of output")
                     cpu = reply.get("cpu")
                     run.cells[index] = Cell(reply["outputs"], count, time.monotonic() - sent,
                                             float(cpu) if isinstance(cpu, (int, float)) else 0.0)
@@ -170,16 +173,25 @@ class Worker:
                 run.failure = f"stopped: the notebook's code did not answer the grader's checks within {limits.timeout:g} s ({where})"
         except ChannelClosed:
             run.failure, ended = f"the notebook's process ended {where}", True
-        except (ProtocolError, OSError) as error:
+        except Undecodable as error:
+            run.failure = f"stopped {where}: the notebook's process sent a message beyond the grader's limits ({error})"
+        except ProtocolError as error:
             run.failure = f"the notebook's process sent something no notebook sends {where}: {error}"
             run.tampering = f"{error} ({where})"
+        except OSError as error:
+            run.failure = f"stopped {where}: the channel to the notebook's process failed ({error})"
+        except Exception as error:  # the grader's own failure, on this notebook only: named, not retried
+            run.failure = f"stopped {where}: the grader failed on this notebook ({type(error).__name__}: {error})"
         finally:
             channel.close()
             run.probe_cpu = conversation.probe_cpu if conversation is not None else 0.0
         if run.failure is not None:
             run.stopped_at = next((i for i, _, _ in program.cells if i not in run.cells), None)
             if not ended:
-                self.control.send({"op": "kill"})
+                try:
+                    self.control.send({"op": "kill"})
+                except OSError as error:
+                    raise WorkerError(f"the worker died while it ran the notebook ({error})") from None
         self._finish(run, started, limits, explain_exit=ended)
         return run
 
@@ -194,8 +206,13 @@ class Worker:
         if conversation.lost is not None:  # whatever the checks made of it: no answer, no points
             verdict = dataclasses.replace(verdict, score=0.0, outputs=[*verdict.outputs, _error(
                 "NotJudged", f"the notebook's process stopped answering the grader ({conversation.lost})")])
+        elif conversation.breach is not None:
+            verdict = dataclasses.replace(verdict, score=0.0, outputs=[*verdict.outputs, _error(
+                "LimitExceeded", conversation.breach)])
+            run.limits_reached.append(f"the cell '{verdict.grade_id}' scored 0: {conversation.breach}")
         outputs = [{**o, "execution_count": count} if o["output_type"] == "execute_result" else o for o in verdict.outputs]
         run.cells[index] = Cell(outputs, count, time.monotonic() - started, 0.0)
+        run.seeds[verdict.grade_id] = verdict.seed
         if verdict.graded:
             run.verdicts[index] = verdict
         if conversation.lost is not None:
@@ -299,16 +316,20 @@ class Pool:
             self.done.put((key, runs))
 
     def _run(self, worker: Worker, program: Program) -> Run:
-        try:
-            return worker.run(program, self.limits)
-        except Exception:  # the worker failed, not the notebook: replace it and try once more
-            worker.kill()
-        try:
-            return worker.run(program, self.limits)
-        except Exception as error:  # never lose a submission, never hang the run
-            worker.kill()
-            first = program.cells[0][0] if program.cells else None
-            return Run(failure=f"the grading worker failed: {error}", stopped_at=first)
+        """The notebook's run; a worker that fails (not the notebook: its faults are the
+        run's) is replaced and the notebook run once more."""
+        first = program.cells[0][0] if program.cells else None  # never lose a submission, never hang the run
+        for _ in range(2):
+            try:
+                return worker.run(program, self.limits)
+            except WorkerError as error:
+                worker.kill()
+                failure = f"the grading worker failed twice: {error}"
+            except Exception as error:  # the grader's own failure outside the notebook's run
+                worker.kill()
+                return Run(failure=f"the grader failed on this notebook ({type(error).__name__}: {error})",
+                           stopped_at=first)
+        return Run(failure=failure, stopped_at=first)
 
     def close(self) -> None:
         if not self.threads:

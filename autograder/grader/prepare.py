@@ -10,6 +10,7 @@ code the student wrote that looks like an attempt to change how it is graded
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from traitlets.config import Config
 from .scan import imported, scan
 from .gradebook import Released, lent
 
+_GRADE_ID = re.compile(r"[a-zA-Z0-9_\-]+")
 QUIET = logging.getLogger("autograder.engine.nbgrader")  # nbgrader's warnings repeat ours less clearly
 QUIET.setLevel(logging.ERROR)
 
@@ -65,6 +67,62 @@ def read(data: bytes) -> NotebookNode:
     if "ValidationError" in invalid:
         raise Rejected(f"not a valid notebook: {invalid['ValidationError'].message}")
     return nb
+
+
+# nbgrader's cell metadata (schema 3): each field's type. Other fields are dropped, as
+# nbgrader's own upgrade does.
+FIELDS = {"grade": bool, "solution": bool, "locked": bool, "task": bool, "grade_id": str, "points": (int, float),
+          "schema_version": int, "checksum": str, "cell_type": str}
+
+
+def _invalid(meta: object) -> str | None:
+    """What is wrong with a cell's nbgrader metadata, if anything."""
+    if not isinstance(meta, dict):
+        return f"it is {type(meta).__name__ if meta is not None else 'null'}, not an object"
+    for key, kind in FIELDS.items():
+        value = meta.get(key)
+        if key in meta and (not isinstance(value, kind) or (kind is not bool and isinstance(value, bool))):
+            return f"its {key} is {type(value).__name__ if value is not None else 'null'}"
+    points = meta.get("points", 0)
+    if not (0 <= points < 1e6):  # (NaN fails this too)
+        return f"its points are {points!r}"
+    if not _GRADE_ID.fullmatch(meta.get("grade_id", "x")):
+        return "its grade_id is not a name of letters, digits, '_' and '-'"
+    return None
+
+
+def sanitize_metadata(nb: NotebookNode) -> list[str]:
+    """Drop nbgrader metadata of an unexpected shape (nbformat's schema allows any), so it
+    reaches no code that trusts it: the cell becomes the student's own, and a test cell
+    whose metadata was dropped is put back like a deleted one. Returns what was dropped."""
+    flags = []
+    for index, cell in enumerate(nb.cells):
+        if "nbgrader" not in cell.metadata:
+            continue
+        problem = _invalid(cell.metadata["nbgrader"])
+        if problem is None:
+            cell.metadata["nbgrader"] = {k: v for k, v in cell.metadata["nbgrader"].items() if k in FIELDS}
+        else:
+            del cell.metadata["nbgrader"]
+            flags.append(f"tampering suspected: the nbgrader metadata of cell {index + 1} is not valid ({problem}); "
+                         "it was ignored")
+    return flags
+
+
+def reorder(nb: NotebookNode, released: list) -> list[str]:
+    """Put the cells the instructor made (known by grade_id) back in the released order,
+    each taking one of their places (the student's own cells stay where they are), so a
+    test cell moved above what it tests runs after it again. Returns what had moved."""
+    rank = {cell.metadata.nbgrader.grade_id: k for k, cell in enumerate(released)
+            if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")}
+    places = [i for i, cell in enumerate(nb.cells) if cell.metadata.get("nbgrader", {}).get("grade_id") in rank]
+    found = [nb.cells[i] for i in places]
+    ordered = sorted(found, key=lambda cell: rank[cell.metadata.nbgrader.grade_id])
+    moved = [cell.metadata.nbgrader.grade_id for cell, was in zip(ordered, found) if cell is not was]
+    for i, cell in zip(places, ordered):
+        nb.cells[i] = cell
+    return [f"the cells {', '.join(repr(m) for m in moved[:10])} were out of the released order; they were graded "
+            "in that order"] if moved else []
 
 
 def tampering(nb: NotebookNode, gradebook: Gradebook, notebook: str, assignment: str) -> list[str]:
@@ -138,7 +196,8 @@ class Preparer:
     def prepare(self, name: str, data: bytes, student: str, assignment: str) -> Prepared:
         """Raises Rejected when the notebook cannot be graded automatically."""
         nb = read(data)
-        flags = tampering(nb, self.gradebook, name, assignment) + edited(nb, self._given(assignment, name))
+        flags = sanitize_metadata(nb)
+        flags += tampering(nb, self.gradebook, name, assignment) + edited(nb, self._given(assignment, name))
         known = {cell.name for cell in self.gradebook.find_notebook(name, assignment).source_cells}
         for cell in nb.cells:  # a renamed cell is the student's own: it runs, ungraded
             if cell.metadata.get("nbgrader", {}).get("grade_id") not in known:
@@ -151,6 +210,7 @@ class Preparer:
         except (MetadataError, RuntimeError, ValueError, KeyError) as error:  # as stock nbgrader fails on it
             reason = f"nbgrader cannot repair its cell metadata ({type(error).__name__}: {error})"
             raise Rejected("; ".join([*flags, reason])) from None
+        flags += reorder(nb, self._given(assignment, name))
         theirs = [c for c in nb.cells if utils.is_solution(c) or not (utils.is_locked(c) or utils.is_grade(c))]
         flags += [f"worth a look: {finding}" for finding in scan(theirs, self._given(assignment, name))]
         return Prepared(name, nb, flags)

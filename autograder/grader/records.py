@@ -44,13 +44,19 @@ class Verdict:
     max_score: float
     graded: bool  # a graded cell (else a visible check that scores nothing)
     outputs: list[dict]  # nbformat outputs: what the checks printed, then the failure or the result
+    seed: int | None = None  # what its checks' inputs were drawn from (inputs.seeded), to replay it
 
     @property
     def report(self) -> str:
         """The outputs as text (for messages)."""
-        return "".join(o.get("text", "") if o["output_type"] == "stream" else
-                       f"{o['ename']}: {o['evalue']}\n" if o["output_type"] == "error" else
-                       f"{o['data']['text/plain']}\n" for o in self.outputs)
+        return as_text(self.outputs)
+
+
+def as_text(outputs: list[dict]) -> str:
+    """What a list of nbformat outputs says, as text."""
+    return "".join(o.get("text", "") if o["output_type"] == "stream" else
+                   f"{o['ename']}: {o['evalue']}\n" if o["output_type"] == "error" else
+                   f"{o.get('data', {}).get('text/plain', '')}\n" for o in outputs)
 
 
 @dataclass
@@ -67,6 +73,7 @@ class Run:
 
     cells: dict[int, Cell] = field(default_factory=dict)  # by cell index, for the cells that finished
     verdicts: dict[int, Verdict] = field(default_factory=dict)  # of the graded test cells, by cell index
+    seeds: dict[str, int] = field(default_factory=dict)  # of every test cell judged, by grade_id (to replay it)
     changed: list[str] = field(default_factory=list)  # what the notebook changed in the modules the probes rely on
     tampering: str | None = None  # what the notebook's process sent that no honest child sends
     limits_reached: list[str] = field(default_factory=list)  # limits it ran into, though it ran on

@@ -52,6 +52,7 @@ def graded(prepared: Prepared, run: Run) -> NotebookResult:
     except (nbformat.ValidationError, AttributeError, TypeError) as error:  # outputs are not nbformat's
         nb = copy.deepcopy(prepared.nb)
         run.failure, run.stopped_at = f"the notebook's process returned invalid outputs ({error})", None
+    nb.metadata["autograder"] = {"seeds": dict(run.seeds)}  # each test cell's, to replay its verdict
     problems += _tampering(run) + run.limits_reached
     if run.failure:
         if not run.tampering:

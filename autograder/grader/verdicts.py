@@ -2,8 +2,9 @@
 
 The student's process runs the student's cells and the given ones; each test cell —
 visible or hidden, its source the instructor's, from the gradebook — runs once, here, in
-the grader's own process (`Judge`), at its place in the notebook, with fresh random inputs
-even where the visible checks use fixed ones. Names the cell does not define itself — the
+the grader's own process (`Judge`), at its place in the notebook, its checks' inputs drawn
+from the cell's seed (the same for every student, unknown to them: `inputs.seeded`), even
+where the visible checks use fixed ones. Names the cell does not define itself — the
 student's `ClippedReLU`, `grad`, `when_to_write` — resolve to the student's process: plain
 data is copied over, anything else becomes a `Remote` proxy, so the checks choose the
 inputs, ask for numbers only, and decide here. Scoring follows nbgrader: an exception
@@ -15,11 +16,12 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import dataclasses
 import importlib
 import io
 import sys
 import threading
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from nbgrader.utils import get_partial_grade
@@ -99,9 +101,16 @@ class Judge:
     dies later cannot take back what was judged). The test cells share their own names, as
     in the notebook. `cells` must come from the instructor's source, not the submission."""
 
-    def __init__(self, cells: list) -> None:
-        self.tests = {index: cell for index, cell in enumerate(cells) if is_test_cell(cell)}
+    def __init__(self, tests: dict[int, Any], seeds: dict[int, int]) -> None:
+        """`tests`: the test cells by index in the notebook; `seeds`: their checks' seeds."""
+        self.tests, self.seeds = tests, seeds
         self.names: StudentNames | None = None
+
+    @classmethod
+    def of(cls, cells: list, seed: Callable[[str], int]) -> Judge:
+        """The judge of a notebook's `cells`; `seed(grade_id)` is a test cell's seed (`inputs.cell_seed`)."""
+        tests = {index: cell for index, cell in enumerate(cells) if is_test_cell(cell)}
+        return cls(tests, {index: seed(cell["metadata"]["nbgrader"]["grade_id"]) for index, cell in tests.items()})
 
     def judges(self, index: int) -> bool:
         return index in self.tests
@@ -114,9 +123,10 @@ class Judge:
         self.names.forget()
         meta = self.tests[index]["metadata"]["nbgrader"]
         graded = bool(meta.get("grade"))
-        with inputs.fresh_inputs():  # inputs nobody has seen: hard-coded answers gain nothing
-            return verdict(meta["grade_id"], self.tests[index]["source"], meta.get("points", 0) if graded else 0,
-                           self.names, graded)
+        with inputs.seeded(self.seeds[index]):
+            found = verdict(meta["grade_id"], self.tests[index]["source"], meta.get("points", 0) if graded else 0,
+                            self.names, graded)
+        return dataclasses.replace(found, seed=self.seeds[index])
 
 
 def warm(modules: list[str], compiles: bool = False) -> None:
@@ -136,9 +146,9 @@ def warm(modules: list[str], compiles: bool = False) -> None:
             torch.autograd.forward_ad.make_dual(x.detach(), x.detach()) * 2
 
 
-def verdicts(cells: list, transport: Transport) -> list[Verdict]:
+def verdicts(cells: list, transport: Transport, seed: Callable[[str], int]) -> list[Verdict]:
     """Trusted verdicts of a notebook's graded cells, all judged after the whole notebook ran."""
-    judge = Judge(cells)
+    judge = Judge.of(cells, seed)
     return [v for index in judge.tests if (v := judge.judge(index, transport)).graded]
 
 
