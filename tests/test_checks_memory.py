@@ -56,6 +56,7 @@ def defined(answer_id: str, source: str | None = None) -> dict:
 LeakyReLU = defined("leaky_relu")["LeakyReLU"]
 LinearReLU = defined("linear_relu")["LinearReLU"]
 Checkpoint = defined("manual_checkpoint")["Checkpoint"]
+checkpoint_with_hooks = defined("hooked_checkpoint")["checkpoint_with_hooks"]
 save_as_bf16 = defined("save_as_bf16")["save_as_bf16"]
 
 
@@ -256,15 +257,18 @@ def test_checkpoint_right(capsys):
     m.check_checkpoint(Checkpoint)
     m.check_checkpoint(Checkpoint, shapes=[(1, 3), (5, 2)], seed=None)
     out = capsys.readouterr().out
-    assert "✔ Checkpoint keeps only the tensor inputs of run (128 bytes for sin(x * s) * s) and a generator state" in out
+    assert "✔ Checkpoint keeps the tensor inputs of run and a generator state, nothing else on ctx nor anywhere " \
+           "else, and after backward nothing: for run = x + tanh(x @ w1) @ w2 and run = sin(x * s) * s." in out
     assert "backward leaves the caller's random generator alone" in out
-    assert "✔ Checkpoint: forward and backward agree with the reference" in out
+    # one line per block, each naming its block
+    assert out.count("✔ Checkpoint with run = x + tanh(x @ w1) @ w2: forward and backward agree") == 2
+    assert out.count("✔ Checkpoint with run = sin(x * s) * s: forward and backward agree") == 2
 
 
 def _mutant(label: str):
     answer = next(a for a in answers.MUTANTS if a.label == label)
     name = {"leaky_relu": "LeakyReLU", "linear_relu": "LinearReLU", "manual_checkpoint": "Checkpoint",
-            "save_as_bf16": "save_as_bf16"}[answer.exercise]
+            "hooked_checkpoint": "checkpoint_with_hooks", "save_as_bf16": "save_as_bf16"}[answer.exercise]
     return defined(answer.exercise, answer.apply(_solutions()[answer.exercise]))[name]
 
 
@@ -310,6 +314,63 @@ def test_checkpoint_that_never_recomputes():
 
     message = failure(m.check_checkpoint, function("Checkpoint", forward, lambda ctx, g: (None, *ctx.grads)))
     assert "is stashed on ctx" in message
+
+
+# --- checkpoint_with_hooks -----------------------------------------------------------------
+
+def test_checkpoint_with_hooks_right(capsys):
+    m.check_checkpoint_with_hooks(checkpoint_with_hooks)
+    out = capsys.readouterr().out
+    assert "✔ checkpoint_with_hooks keeps none of the tensors run saves after forward, only run's inputs" in out
+    assert "run recomputed once in backward" in out
+
+
+@pytest.mark.parametrize("label, expected, cause", [
+    ("pack keeps the tensor with its handle (recomputes, but keeps everything)",
+     "checkpoint_with_hooks: after forward, a tensor forward created", "whatever pack returns, the graph keeps"),
+    ("pack keeps the tensor and unpack returns it (no checkpoint at all)",
+     "checkpoint_with_hooks: after forward, a tensor forward created", "Return a handle"),
+    ("recomputes at every unpack", "checkpoint_with_hooks: run ran 7 times for one forward and one backward.",
+     "Recompute once, at the first unpack of a backward"),
+    ("the recomputation does not restore the random generator",
+     "checkpoint_with_hooks: the gradient for `x` differs from the block's own", "preserve_rng_state=True"),
+    ("the recomputation moves the caller's generator (no fork_rng)",
+     "checkpoint_with_hooks: backward moved the caller's random generator", "fork_rng"),
+    ("the recomputation runs without recording (no enable_grad)", "checkpoint_with_hooks: backward raised KeyError",
+     "torch.enable_grad()"),
+    ("recomputes from detached inputs (they save less)", "checkpoint_with_hooks: backward raised KeyError",
+     "require grad as in forward"),
+    ("also logs every saved tensor in a module global list", "checkpoint_with_hooks: after forward, a tensor forward "
+     "created", "kept by the global variable `SAVED`"),
+])
+def test_checkpoint_with_hooks_mutants(label, expected, cause):
+    message = failure(m.check_checkpoint_with_hooks, _mutant(label))
+    assert message.startswith(expected) and cause in message, message
+
+
+# --- A tensor kept outside ctx (the bug class every memory check catches) ------------------
+
+@pytest.mark.parametrize("label, check, expected", [
+    ("keeps the mask in a class attribute instead of saving it (saves 0 bytes)", m.check_leaky_relu,
+     "LeakyReLU: after forward, a tensor forward created (bool of shape (2, 3), 6 bytes) is still alive, kept by "
+     "the class attribute `LeakyReLU.positive`"),
+    ("keeps the mask in a module global instead of saving it", m.check_leaky_relu,
+     "LeakyReLU: after forward, a tensor forward created (bool of shape (2, 3), 6 bytes) is still alive, kept by "
+     "the global variable `_positive`"),
+    ("saves the mask, and logs it through a helper with a list default argument", m.check_leaky_relu,
+     "LeakyReLU: after backward, with the inputs, the outputs and the graph let go of, a tensor forward created "
+     "(bool of shape (2, 3), 6 bytes) is still alive, kept by a default argument of `logged`"),
+    ("keeps x and weight in a dict of an enclosing function (a closure): saves only the mask", m.check_linear_relu,
+     "LinearReLU: after backward, with the inputs, the outputs and the graph let go of, the input `x` (float64 of "
+     "shape (4, 3), 96 bytes) is still alive, kept by the variable `kept` of `_fused_layer`"),
+    ("keeps the inputs in a class attribute instead of saving them", m.check_checkpoint,
+     "Checkpoint: after backward, with the inputs, the outputs and the graph let go of, the input `x` (float64 of "
+     "shape (3, 4), 96 bytes) is still alive, kept by the class attribute `Checkpoint.inputs`"),
+])
+def test_a_tensor_kept_outside_ctx_fails_with_what_keeps_it(label, check, expected):
+    message = failure(check, _mutant(label))
+    assert message.startswith(expected), message
+    assert "no tensor anywhere else" in message
 
 
 # --- save_as_bf16 --------------------------------------------------------------------------
@@ -386,7 +447,10 @@ CHECKS = {
                                  (m.check_leaky_relu, {"shapes": [(), (7,), (2, 1, 3)], "slopes": [0.5, 0.01, 0.3]})]),
     "linear_relu": ("LinearReLU", [(m.check_linear_relu, {}),
                                    (m.check_linear_relu, {"shapes": [(7, 4, 6), (1, 3, 2), (5, 1, 1)]})]),
-    "manual_checkpoint": ("Checkpoint", [(m.check_checkpoint, {}), (m.check_checkpoint, {"shapes": [(1, 3), (5, 2)]})]),
+    "manual_checkpoint": ("Checkpoint", [(m.check_checkpoint, {}),
+                                         (m.check_checkpoint, {"shapes": [(1, 3), (5, 2), (1, 1)]})]),
+    "hooked_checkpoint": ("checkpoint_with_hooks", [
+        (m.check_checkpoint_with_hooks, {}), (m.check_checkpoint_with_hooks, {"shapes": [(1, 3), (5, 2), (1, 1)]})]),
     "save_as_bf16": ("save_as_bf16", [
         (m.check_save_as_bf16, {}),
         (m.check_save_as_bf16, {"shapes": [(4, 3, 8, 300), (1, 2, 3, 4)], "dtype": "float64"}),
@@ -507,6 +571,12 @@ def _claim_h() -> bool:  # a bf16 copy of a parameter adds memory
     return packed.untyped_storage().data_ptr() != w.untyped_storage().data_ptr()  # new memory, w stays alive
 
 
+def _claim_i() -> bool:  # the non-reentrant checkpoint runs the block without recording
+    x = torch.randn(3, requires_grad=True)
+    out = torch.utils.checkpoint.checkpoint(torch.tanh, x, use_reentrant=False)
+    return type(out.grad_fn).__name__ != "TanhBackward0"
+
+
 CLAIMS = {
     "a": _claim_a,
     "b": lambda: (torch.zeros(10) > 0).numel() * (torch.zeros(10) > 0).element_size() == 10,
@@ -516,6 +586,7 @@ CLAIMS = {
     "f": _claim_f,
     "g": _claim_g,
     "h": _claim_h,
+    "i": _claim_i,
 }
 
 

@@ -388,7 +388,7 @@ def _default_argument():
 @pytest.mark.parametrize("make, when, what, where", [
     (_class_attribute, "after forward", "a tensor forward created", "the class attribute `Sigmoid.last`"),
     (_module_global, "after backward", "the output", "the global variable `ACTIVATIONS`"),
-    (_closure, "after backward", "the input `x`", "the variable `seen` of an enclosing function"),
+    (_closure, "after backward", "the input `x`", "the variable `seen` of `_closure`, which the functions it defines keep"),
     (_default_argument, "after forward", "a tensor forward created", "a default argument of `_default_argument.<locals>.keep`"),
 ], ids=["class attribute", "global", "closure", "default argument"])
 def test_memory_kept_outside_ctx_is_found_and_named(make, when, what, where):

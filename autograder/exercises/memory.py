@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ..checks import explain, inputs
 from ..checks.functions import FunctionSpec, check_function
-from ..checks.saved import STASHED, check_backward_left_alone, check_nothing_kept, observe
+from ..checks.saved import KEPT, STASHED, check_backward_left_alone, check_nothing_kept, observe
 from ..checks.shared_state import process_wide
 from ..student import devices, introspect, memory, probe
 from ..student.report import fail, note, passed, quiet, show
@@ -55,7 +55,8 @@ class Budget:
     unneeded: Callable[[Saved, Recording, Needs], "str | None"]
     names: Names = Names()
     on_ctx: Callable[[Saved], bool] = lambda s: False
-    backward_cause: Callable[[str], "str | None"] = lambda message: None  # for an error in backward
+    backward_cause: Callable[[probe.ProbeError], "str | None"] = lambda error: None  # for an error in backward
+    kept_cause: str = KEPT  # why memory alive after forward, outside the graph, is wrong
 
 
 ON_CTX = " Stashing saves no memory: ctx keeps the tensor alive just the same, only hidden."
@@ -93,7 +94,7 @@ def judge_budget(student: Any, budget: Budget, args: tuple) -> Recording:
                 f"{budget.name}: tensor `ctx.{path}` ({describe(s, recording, names)}) is stashed on ctx.", *context,
                 cause=STASHED.format(cycle="") + ON_CTX,
             )
-    check_nothing_kept(budget.name, recording, names)
+    check_nothing_kept(budget.name, recording, names, cause=budget.kept_cause)
     needed = budget.needed(recording, needs)
     for s in recording.saved:
         reason = budget.unneeded(s, recording, needs)
@@ -105,9 +106,9 @@ def judge_budget(student: Any, budget: Budget, args: tuple) -> Recording:
         fail(f"{budget.name} saves {recording.nbytes} bytes, more than its budget of {limit}; "
              f"{needed} is all backward needs.", *context, listing,
              cause="each tensor backward reads once, and nothing else: no copies, no second mask.")
-    if backward.error is not None and budget.backward_cause(backward.error.message):
+    if backward.error is not None and budget.backward_cause(backward.error):
         what, _ = explain.error("backward", backward.error.type, backward.error.message, list(names.args))
-        fail(f"{budget.name}: {what}.", *context, cause=budget.backward_cause(backward.error.message))
+        fail(f"{budget.name}: {what}.", *context, cause=budget.backward_cause(backward.error))
     check_backward_left_alone(budget.name, recording, backward, names)
     return recording
 
@@ -341,7 +342,7 @@ def _check_no_recompute(student: Any, call: tuple, needs: Needs) -> None:
         )
 
 
-# --- Exercise: a checkpoint written by hand ------------------------------------------------
+# --- Exercises: checkpoints, by hand and with saved-tensor hooks ---------------------------
 
 def _state_numel() -> set[int]:
     return {torch.get_rng_state().numel(), *(torch.cuda.get_rng_state(d).numel() for d in range(
@@ -352,44 +353,95 @@ def _generator_state(s: Saved) -> bool:
     return s.tensor.dtype == torch.uint8 and s.tensor.dim() == 1 and s.tensor.numel() in _state_numel()
 
 
-def _checkpoint_unneeded(s: Saved, recording: Recording, needs: Needs) -> str | None:
-    if s.kind == "input" or _generator_state(s):
+def _inputs_bytes(r: Recording) -> int:
+    return sum(memory.nbytes(a) for a in r.args if isinstance(a, torch.Tensor))
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    """One of the two checkpoint exercises: what it is called, and the words of its checks."""
+
+    name: str
+    needed: str  # what the graph may keep, besides the inputs
+    intermediate: str  # why keeping an intermediate of run is wrong here
+    kept: str  # why memory alive after forward is wrong here
+    missing: str  # why backward found no recomputed tensor (an error in backward)
+    recomputes: str  # why run ran more than once in backward
+    keeps: str  # what the graph keeps, for the passing message
+
+    def budget(self, names: Sequence[str]) -> Budget:
+        def unneeded(s: Saved, recording: Recording, needs: Needs) -> str | None:
+            if s.kind == "input" or _generator_state(s):
+                return None
+            if s.kind == "output":
+                return ("backward recomputes run's output from the inputs: keeping it is keeping what "
+                        "checkpointing drops. Keep the tensor inputs only.")
+            return self.intermediate
+
+        return Budget(
+            name=self.name, needed=lambda r, needs: f"the tensor inputs ({_inputs_bytes(r)} bytes){self.needed}",
+            limit=lambda r, needs: _inputs_bytes(r) + sum(s.nbytes for s in r.saved if _generator_state(s)),
+            unneeded=unneeded, names=Names(args=tuple(names)), on_ctx=_generator_state,
+            backward_cause=self.backward_cause, kept_cause=self.kept,
+        )
+
+    def backward_cause(self, error: probe.ProbeError) -> str | None:
+        message = error.message
+        if "does not require grad and does not have a grad_fn" in message:
+            return ("the recomputed output has no graph: recompute inside `with torch.enable_grad():` (backward "
+                    "runs with recording off), from detached copies of the inputs that require grad where the "
+                    "originals do.")
+        if "One of the differentiated Tensors does not require grad" in message or "cannot be empty" in message:
+            return ("the recomputed inputs must require grad where the originals do: make them with "
+                    "`t.detach().requires_grad_(needed)`, needed = ctx.needs_input_grad for that input, and "
+                    "differentiate with respect to those that require grad.")
+        if error.type in ("KeyError", "IndexError"):
+            return self.missing
         return None
-    if s.kind == "output":
-        return ("backward recomputes run's output from the inputs: keeping it is keeping what checkpointing "
-                "drops. Save the tensor inputs only.")
-    return (
-        "an intermediate of run is what checkpointing recomputes instead of keeping. Forward records "
-        "nothing by itself, so run(*inputs) saves nothing unless you turn recording on: run it in forward as "
-        "it is (no torch.enable_grad()), keep the inputs, and recompute in backward."
-    )
 
 
-def _checkpoint_backward_cause(message: str) -> str | None:
-    if "does not require grad and does not have a grad_fn" in message:
-        return ("the recomputed output has no graph: recompute inside `with torch.enable_grad():` (backward runs "
-                "with recording off), from detached copies of the inputs that require grad where the originals do.")
-    if "One of the differentiated Tensors does not require grad" in message or "cannot be empty" in message:
-        return ("the recomputed inputs must require grad where the originals do: make them with "
-                "`t.detach().requires_grad_(needed)`, needed = ctx.needs_input_grad for that input, and "
-                "differentiate with respect to those that require grad.")
-    return None
+CHECKPOINT = Checkpointing(
+    name="Checkpoint",
+    needed=", plus the state of the random generator, on ctx or saved,",
+    intermediate=(
+        "an intermediate of run is what checkpointing recomputes instead of keeping. Forward records nothing by "
+        "itself, so run(*inputs) saves nothing unless you turn recording on: run it in forward as it is (no "
+        "torch.enable_grad()), keep the inputs, and recompute in backward."
+    ),
+    kept=KEPT,
+    missing="backward looked up something forward did not keep.",
+    recomputes="once each is enough.",
+    keeps="keeps the tensor inputs of run and a generator state, nothing else on ctx nor anywhere else, and "
+          "after backward nothing",
+)
 
-
-def _checkpoint_budget(names: Sequence[str]) -> Budget:
-    def inputs_bytes(r: Recording) -> int:
-        return sum(memory.nbytes(a) for a in r.args if isinstance(a, torch.Tensor))
-
-    def needed(r: Recording, needs: Needs) -> str:
-        return (f"the tensor inputs ({inputs_bytes(r)} bytes), plus the state of the random generator, "
-                "on ctx or saved,")
-
-    return Budget(
-        name="Checkpoint", needed=needed, backward_cause=_checkpoint_backward_cause,
-        limit=lambda r, needs: inputs_bytes(r) + sum(s.nbytes for s in r.saved if _generator_state(s)),
-        unneeded=_checkpoint_unneeded, names=Names(args=tuple(names)), on_ctx=_generator_state,
-    )
-
+HOOKED = Checkpointing(
+    name="checkpoint_with_hooks",
+    needed=", which the caller holds anyway: no tensor that run saves",
+    intermediate=(
+        "run saved this tensor past your hooks, so the graph keeps it: run forward inside "
+        "`with torch.autograd.graph.saved_tensors_hooks(pack, unpack):`, so that every tensor run saves "
+        "goes through pack."
+    ),
+    kept=(
+        "whatever pack returns, the graph keeps until backward unpacks it: that is the memory a checkpoint must "
+        "not keep. Return a handle (a number that says which saved tensor it was), never the tensor nor anything "
+        "holding it, and let unpack recompute the tensor. A reference kept anywhere else (a global, a dict of "
+        "the enclosing function) keeps it alive just the same."
+    ),
+    missing=(
+        "unpack found no recomputed tensor under its handle: the recomputation saved fewer tensors than forward, "
+        "or numbered them otherwise. Recompute with recording on (`torch.enable_grad()`: backward runs with it "
+        "off), from the same inputs (which require grad as in forward: detached copies that do not, save less), "
+        "under hooks whose pack numbers each saved tensor in the order it comes, as forward's pack did."
+    ),
+    recomputes=(
+        "unpack recomputes run each time it is called. Recompute once, at the first unpack of a backward, and "
+        "keep everything that recomputation saves for the unpacks that follow."
+    ),
+    keeps="keeps none of the tensors run saves after forward, only run's inputs (which the caller holds "
+          "anyway), and after backward nothing",
+)
 
 BLOCKS = {
     "residual_tanh": (memory.residual_tanh, "x + tanh(x @ w1) @ w2"),
@@ -399,8 +451,8 @@ BLOCKS = {
 
 
 class _WithBlock(probe.StudentProxy):
-    """The student's Checkpoint as a function of the block's tensor inputs: every probe of
-    it runs through `memory.with_block`, where the Function is."""
+    """The student's checkpoint as a function of the block's tensor inputs: every probe of
+    it runs through `memory.with_block`, where the student's code is."""
 
     def __init__(self, function: Any, block: Callable[..., torch.Tensor]) -> None:
         self.function, self.block = function, block
@@ -429,35 +481,47 @@ def check_checkpoint(student: Any, *, shapes: Sequence[Sequence[int]] = ((3, 4),
     """Checkpoint.apply(run, *inputs) = run(*inputs), keeping only the inputs and recomputing
     in backward, with the same random numbers as forward and the caller's generator left alone."""
     __tracebackhide__ = True
+    _check_checkpointing(CHECKPOINT, student, shapes, seed)
+
+
+def check_checkpoint_with_hooks(student: Any, *, shapes: Sequence[Sequence[int]] = ((3, 4),),
+                                seed: int | None = 0) -> None:
+    """checkpoint_with_hooks(run, *inputs) = run(*inputs), recorded as usual, its saved
+    tensors replaced by handles and recomputed at the first unpack of a backward, with the
+    same random numbers as forward and the caller's generator left alone."""
+    __tracebackhide__ = True
+    _check_checkpointing(HOOKED, student, shapes, seed)
+
+
+def _check_checkpointing(kind: Checkpointing, student: Any, shapes: Sequence[Sequence[int]], seed: int | None) -> None:
+    __tracebackhide__ = True
     generator = inputs.generator(seed)
     for batch, width in shapes:
         for device in devices.available():
             for block in ("residual_tanh", "scaled_sin"):
                 args = _block_args(block, batch, width, generator)
-                names = _block_names(block)
                 call = _prepare(args, device, [True] * len(args))
-                recording = judge_budget(_WithBlock(student, BLOCKS[block][0]), _checkpoint_budget(names), call)
+                judge_budget(_WithBlock(student, BLOCKS[block][0]), kind.budget(_block_names(block)), call)
         for device in devices.available():
             args = _block_args("residual_dropout", batch, width, generator)
             for needs in CHECKPOINT_NEEDS:
-                _check_random(student, _prepare(args, device, needs), int(torch.randint(2**31, (1,), generator=generator)))
-    inputs_bytes = sum(memory.nbytes(a) for a in recording.args if isinstance(a, torch.Tensor))
-    passed(f"Checkpoint keeps only the tensor inputs of run ({inputs_bytes} bytes for {BLOCKS['scaled_sin'][1]}) "
-           "and a generator state; nothing else on ctx.")
-    passed("Checkpoint with dropout inside: the same output and gradients as the block itself, from the same "
-           "random numbers, for every combination of inputs that require grad; backward leaves the caller's "
-           "random generator alone.")
+                _check_random(kind, student, _prepare(args, device, needs),
+                              int(torch.randint(2**31, (1,), generator=generator)))
+    passed(f"{kind.name} {kind.keeps}: for run = {BLOCKS['residual_tanh'][1]} and run = {BLOCKS['scaled_sin'][1]}.")
+    passed(f"{kind.name} with dropout inside: the same output and gradients as the block itself, from the same "
+           "random numbers, for every combination of inputs that require grad; run recomputed once in backward; "
+           "backward leaves the caller's random generator alone.")
     for block in ("residual_tanh", "scaled_sin"):
-        fn, _ = BLOCKS[block]
+        fn, formula = BLOCKS[block]
         spec = FunctionSpec(
-            name="Checkpoint", reference=fn, autograd_in_backward=True,
+            name=f"{kind.name} with run = {formula}", reference=fn, autograd_in_backward=True,
             cases=lambda g, block=block: [_block_args(block, b, w, g) for b, w in shapes],
         )
         check_function(_WithBlock(student, fn), spec, seed=seed)
 
 
-def _check_random(student: Any, args: tuple, seed: int) -> None:
-    """The dropout block through the student's Checkpoint against the block itself, from the
+def _check_random(kind: Checkpointing, student: Any, args: tuple, seed: int) -> None:
+    """The dropout block through the student's checkpoint against the block itself, from the
     same seed."""
     __tracebackhide__ = True
     block, formula = BLOCKS["residual_dropout"]
@@ -480,26 +544,27 @@ def _check_random(student: Any, args: tuple, seed: int) -> None:
         raise probe.Malformed(f"malformed checkpoint report: {bad}") from None
     shapes = ", ".join(f"{n} of shape {tuple(a.shape)}" for n, a in zip(names, args))
     shown = [f"run = {formula}", f"{shapes}; {_requires(names, args)}"]
+    name = kind.name
     if error is not None:
         what, cause = explain.error(error.stage, error.type, error.message, ["run", *names])
-        fail(f"Checkpoint: {what}.", *shown, cause=_checkpoint_backward_cause(error.message) or cause)
+        fail(f"{name}: {what}.", *shown, cause=kind.backward_cause(error) or cause)
     if not isinstance(output, torch.Tensor) or output.shape != want_out.shape or not torch.allclose(
             output.cpu(), want_out.detach().cpu(), rtol=1e-6, atol=1e-9):
-        fail("Checkpoint: the output differs from run(*inputs) with the same random numbers.", *shown,
+        fail(f"{name}: the output differs from run(*inputs) with the same random numbers.", *shown,
              f"expected {show(want_out)}", f"actual   {show(output)}",
              cause="forward returns run(*inputs), computed once, from the generator as the caller left it.")
     if calls < 2:
-        fail(f"Checkpoint: run ran {calls} time(s) for a forward and a backward.", *shown,
-             cause="backward must recompute run from the saved inputs (that is the checkpoint).")
+        fail(f"{name}: run ran {calls} time(s) for a forward and a backward.", *shown,
+             cause="backward must recompute run from the inputs (that is the checkpoint).")
     if calls > 2:
-        fail(f"Checkpoint: run ran {calls} times for one forward and one backward; once each is enough.", *shown)
+        fail(f"{name}: run ran {calls} times for one forward and one backward.", *shown, cause=kind.recomputes)
     if len(grads) != len(want):
         raise probe.Malformed("malformed checkpoint gradients")
     wanted = [n for n, a in zip(names, args) if a.requires_grad]
-    for name, w, g in zip(wanted, want, grads):
+    for arg_name, w, g in zip(wanted, want, grads):
         if g is None or g.shape != w.shape or not torch.allclose(g.cpu(), w.cpu(), rtol=1e-6, atol=1e-9):
             fail(
-                f"Checkpoint: the gradient for `{name}` differs from the block's own, with dropout in the block.",
+                f"{name}: the gradient for `{arg_name}` differs from the block's own, with dropout in the block.",
                 *shown, f"expected {show(w)}", f"actual   {show(g)}",
                 cause="None for an input that requires grad: backward must return a gradient for every tensor "
                 "input, parameters included." if g is None else
@@ -509,7 +574,7 @@ def _check_random(student: Any, args: tuple, seed: int) -> None:
             )
     if not kept:
         fail(
-            "Checkpoint: backward moved the caller's random generator: after backward it is where your forward "
+            f"{name}: backward moved the caller's random generator: after backward it is where your forward "
             "left it, not where the caller had it, so the caller's next random numbers repeat earlier ones.",
             *shown,
             cause="restore the generator state only inside `with torch.random.fork_rng():`, which puts the "
@@ -772,4 +837,4 @@ def _check_packed(r: dict, shown: list[str]) -> None:
 # --- Exercise: true or false? --------------------------------------------------------------
 
 CLAIM_CHOICES = ("true", "false")
-CLAIM_QUESTIONS = "abcdefgh"
+CLAIM_QUESTIONS = "abcdefghi"

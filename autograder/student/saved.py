@@ -188,7 +188,8 @@ class Watch(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.stage = "forward"  # names what the operations in the block create
-        self._blocks: dict[int, tuple[weakref.ref, Kept]] = {}
+        # address -> (the block, the tensor that made it, what it is): weak references
+        self._blocks: dict[int, tuple[weakref.ref, weakref.ref, Kept]] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -209,17 +210,17 @@ class Watch(TorchDispatchMode):
         def gone(_: Any, key: int = key) -> None:
             entry = self._blocks.pop(key, None)
             if entry is not None:
-                self.freed(entry[1].nbytes)
+                self.freed(entry[2].nbytes)
 
-        self._blocks[key] = (weakref.ref(storage, gone), kept)
+        self._blocks[key] = (weakref.ref(storage, gone), weakref.ref(t), kept)
         self.created(kept.nbytes)
 
     def name(self, t: torch.Tensor, owner: str) -> None:
         """Call the memory under `t`, if followed, `owner` from now on ("output 0")."""
         key = _storage(t)
         if key in self._blocks:
-            ref, kept = self._blocks[key]
-            self._blocks[key] = (ref, replace(kept, owner=owner))
+            block, tensor, kept = self._blocks[key]
+            self._blocks[key] = (block, tensor, replace(kept, owner=owner))
 
     def created(self, nbytes: int) -> None:
         pass
@@ -229,44 +230,59 @@ class Watch(TorchDispatchMode):
 
     def alive(self, beyond: Iterable[torch.Tensor] = (), *, inputs: bool = True, thorough: bool = True) -> list[Kept]:
         """The followed blocks still alive, but those of the tensors `beyond` (and of the
-        inputs unless `inputs`). `thorough`, when something is found: garbage (reference
-        cycles) is collected first, so that only what a reference keeps counts, and what
-        keeps the first few is looked for (a few tenths of a second: the whole heap)."""
+        inputs unless `inputs`). `thorough`, when something is found: what keeps the first few
+        is looked for, and unless a reference that lives on is found, garbage (reference
+        cycles) is collected and they are looked at again, so that only what a reference
+        keeps counts (tenths of a second: the whole heap)."""
         allowed = {_storage(t) for t in beyond}
 
         def found() -> list[tuple[int, Kept]]:
-            return [(key, kept) for key, (_, kept) in list(self._blocks.items())
-                    if key not in allowed and (inputs or not kept.owner.startswith("input"))]
+            listed = [(key, kept) for key, (_, _, kept) in list(self._blocks.items())
+                      if key not in allowed and (inputs or not kept.owner.startswith("input"))]
+            return sorted(listed, key=lambda item: ORDER.index(item[1].owner.split()[0]))
 
-        if not thorough or not found():
-            return [kept for _, kept in found()]
-        gc.collect()
-        alive = sorted(found(), key=lambda item: ORDER.index(item[1].owner.split()[0]))
-        for i, (key, kept) in enumerate(alive[:3]):  # name what keeps one of the first few
-            held_by = where(key)
+        alive = found()
+        if not thorough or not alive:
+            return [kept for _, kept in alive]
+        named = self._named(alive)
+        if named is None:
+            gc.collect()
+            alive = found()
+            named = self._named(alive, everywhere=True) or alive
+        return [kept for _, kept in named]
+
+    def _named(self, alive: list[tuple[int, Kept]], everywhere: bool = False) -> list[tuple[int, Kept]] | None:
+        """`alive` with the first of its first few blocks whose keeper is found in front, named:
+        looked for from the tensor that made each block, and `everywhere`, from any tensor over
+        the first one."""
+        for i, (key, kept) in enumerate(alive[:3]):
+            entry = self._blocks.get(key)
+            tensor = entry[1]() if entry is not None else None
+            held_by = where(key, [tensor]) if tensor is not None else None
             if held_by:
-                alive = [(key, replace(kept, where=held_by)), *alive[:i], *alive[i + 1:]]
-                break
-        return [kept for _, kept in alive]
+                return [(key, replace(kept, where=held_by)), *alive[:i], *alive[i + 1:]]
+        held_by = where(alive[0][0]) if everywhere and alive else None
+        return [(alive[0][0], replace(alive[0][1], where=held_by)), *alive[1:]] if held_by else None
 
 
-ORDER = ("output", "forward", "backward", "input")  # what a reference most likely holds first
+ORDER = ("output", "forward", "input", "backward")  # what a reference most likely holds (grads: by their inputs)
 
 
-def where(key: int) -> str | None:
+def where(key: int, tensors: list[torch.Tensor] | None = None) -> str | None:
     """Best effort: what keeps the memory block at address `key` alive — a global variable,
     a class attribute, a variable of an enclosing function, a default argument — found by
-    following the garbage collector's referrers from the tensors over that block."""
+    following the garbage collector's referrers from `tensors` over that block (by default,
+    every tensor over it)."""
     try:
-        return _where(key)
+        return _where(key, tensors)
     except Exception:  # the student's objects may do anything when looked at
         return None
 
 
-def _where(key: int) -> str | None:
-    level = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and _storage(o) == key]
+def _where(key: int, tensors: list[torch.Tensor] | None) -> str | None:
+    level = tensors or [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and _storage(o) == key]
     held: dict[int, Any] = {}  # id of an object -> the object it refers to, on the way up
-    seen = {id(level), id(held)}
+    seen = {id(level), id(held), id(tensors)}
     for _ in range(4):  # a closure's variable is 4 references up: dict, cell, closure, function
         if not level:
             return None
@@ -294,7 +310,7 @@ def _refers(ref: Any, child: Any) -> bool:
 
 def _root(ref: Any, child: Any, held: dict[int, Any]) -> str | None:
     """How `ref`, which holds `child`, names a reference that lives on, or None."""
-    if isinstance(ref, dict) and "__builtins__" in ref and "__name__" in ref:
+    if isinstance(ref, dict) and "__builtins__" in ref:  # the globals of a module, a notebook, exec
         return f"the global variable `{_key(ref, child)}`"
     if isinstance(ref, type) and isinstance(child, dict):
         return f"the class attribute `{ref.__qualname__}.{_key(child, held.get(id(child)))}`"
@@ -304,7 +320,9 @@ def _root(ref: Any, child: Any, held: dict[int, Any]) -> str | None:
         if child is ref.__closure__:
             cell = held.get(id(child))
             names = [n for n, c in zip(ref.__code__.co_freevars, ref.__closure__) if c is cell]
-            return f"the variable `{names[0] if names else '?'}` of an enclosing function, read by `{ref.__qualname__}`"
+            outer = ref.__qualname__.rsplit(".<locals>.", 1)[0] if ".<locals>." in ref.__qualname__ else None
+            return (f"the variable `{names[0] if names else '?'}` of "
+                    + (f"`{outer}`, which the functions it defines keep (a closure)" if outer else "an enclosing function"))
     return None
 
 

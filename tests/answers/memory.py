@@ -111,10 +111,77 @@ class Checkpoint(torch.autograd.Function):
     wrong("save_as_bf16", "offloads to the CPU and forgets the device",
           ("return (t.dtype, t.to(torch.bfloat16))", "return (t.dtype, t.to('cpu', torch.bfloat16))")),
     wrong("save_as_bf16", "compresses nothing", ("return (t.dtype, t.to(torch.bfloat16))", "return (None, t)")),
+    # A tensor kept outside ctx: invisible to the hooks and to ctx, alive after backward
+    wrong("leaky_relu", "keeps the mask in a class attribute instead of saving it (saves 0 bytes)",
+          ("ctx.save_for_backward(positive)", "LeakyReLU.positive = positive"),
+          ("(positive,) = ctx.saved_tensors", "positive = LeakyReLU.positive")),
+    wrong("leaky_relu", "keeps the mask in a module global instead of saving it",
+          ("ctx.save_for_backward(positive)", "global _positive\n        _positive = positive"),
+          ("(positive,) = ctx.saved_tensors", "positive = _positive")),
+    wrong("leaky_relu", "saves the mask, and logs it through a helper with a list default argument",
+          ("class LeakyReLU(torch.autograd.Function):",
+           "def logged(t, _log=[]):  # a record of every mask, for debugging\n    _log.append(t)\n    return t\n\n\n"
+           "class LeakyReLU(torch.autograd.Function):"),
+          ("positive = x > 0", "positive = logged(x > 0)")),
+    wrong("linear_relu", "keeps x and weight in a dict of an enclosing function (a closure): saves only the mask",
+          source='''
+def _fused_layer():
+    kept = {}  # x and weight for backward, outside what the budget counts
+
+    class LinearReLU(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, weight, bias):
+            z = x @ weight.T + bias
+            kept["x"], kept["weight"] = x, weight
+            ctx.save_for_backward(z > 0)
+            return z.relu_()
+
+        @staticmethod
+        def backward(ctx, grad_output):
+            (mask,) = ctx.saved_tensors
+            g = grad_output * mask
+            return (g @ kept["weight"] if ctx.needs_input_grad[0] else None,
+                    g.T @ kept["x"] if ctx.needs_input_grad[1] else None,
+                    g.sum(0) if ctx.needs_input_grad[2] else None)
+
+    return LinearReLU
+
+
+LinearReLU = _fused_layer()
+'''),
+    wrong("manual_checkpoint", "keeps the inputs in a class attribute instead of saving them",
+          ("        ctx.save_for_backward(*inputs)\n", "        Checkpoint.inputs = inputs\n"),
+          ("zip(ctx.saved_tensors, ctx.needs_input_grad[1:])", "zip(Checkpoint.inputs, ctx.needs_input_grad[1:])")),
+    # checkpoint_with_hooks
+    wrong("hooked_checkpoint", "pack keeps the tensor with its handle (recomputes, but keeps everything)",
+          ("        return next(handles)\n", "        return next(handles), t\n"),
+          ("        if handle not in recomputed:", "        handle = handle[0]\n        if handle not in recomputed:")),
+    wrong("hooked_checkpoint", "pack keeps the tensor and unpack returns it (no checkpoint at all)",
+          ("        return next(handles)\n", "        return t\n"),
+          ("        if handle not in recomputed:  # the first unpack of this backward\n            recompute()\n"
+           "        return recomputed.pop(handle)", "        return handle")),
+    wrong("hooked_checkpoint", "recomputes at every unpack",
+          ("        if handle not in recomputed:  # the first unpack of this backward\n            recompute()\n",
+           "        recompute()\n")),
+    wrong("hooked_checkpoint", "the recomputation does not restore the random generator",
+          ("            torch.set_rng_state(states[0])\n", "")),
+    wrong("hooked_checkpoint", "the recomputation moves the caller's generator (no fork_rng)",
+          ("with torch.random.fork_rng(devices=devices), torch.enable_grad(), \\", "with torch.enable_grad(), \\")),
+    wrong("hooked_checkpoint", "the recomputation runs without recording (no enable_grad)",
+          ("with torch.random.fork_rng(devices=devices), torch.enable_grad(), \\",
+           "with torch.random.fork_rng(devices=devices), \\")),
+    wrong("hooked_checkpoint", "recomputes from detached inputs (they save less)",
+          ("            run(*inputs)\n", "            run(*[t.detach() for t in inputs])\n")),
+    wrong("hooked_checkpoint", "hands the recomputed tensors out in forward's order, not by handle",
+          ("return recomputed.pop(handle)", "return recomputed.pop(min(recomputed))")),
+    wrong("hooked_checkpoint", "also logs every saved tensor in a module global list",
+          ("import itertools\n", "import itertools\n\nSAVED = []  # every tensor forward saves, to look at later\n"),
+          ("        return next(handles)\n", "        SAVED.append(t)\n        return next(handles)\n")),
     # True or false
     wrong("claims", "thinks detach() saves memory", ('"a": "false"', '"a": "true"')),
     wrong("claims", "thinks checkpointing is O(1) memory", ('"c": "false"', '"c": "true"')),
     wrong("claims", "thinks a missing RNG state raises", ('"e": "false"', '"e": "true"')),
+    wrong("claims", "thinks the non-reentrant checkpoint runs the block without recording", ('"i": "false"', '"i": "true"')),
 ]
 
 VARIANTS = [
@@ -201,6 +268,49 @@ class Checkpoint(torch.autograd.Function):
                 ctx.run(*inputs).backward(grad_output)
         return (None, *(t.grad for t in inputs))
 ''', flag="asks autograd for the gradient inside backward"),
+    right("hooked_checkpoint", "holder objects and a WeakKeyDictionary, as torch does it; no pop, the CPU generator only",
+          source='''
+import weakref
+
+
+class Holder:
+    """What the graph keeps for one saved tensor."""
+
+
+def checkpoint_with_hooks(run, *inputs):
+    state = torch.get_rng_state()
+    holders = []  # weak references, in the order forward saved
+    recomputed = weakref.WeakKeyDictionary()  # holder -> tensor, gone with the holder
+
+    def pack(t):
+        holder = Holder()
+        holders.append(weakref.ref(holder))
+        return holder
+
+    def unpack(holder):
+        if holder not in recomputed:
+            alive = iter([ref() for ref in holders])
+
+            def keep(t):
+                owner = next(alive)
+                if owner is not None:
+                    recomputed[owner] = t.detach()
+
+            with torch.random.fork_rng(devices=[]):
+                torch.set_rng_state(state)
+                with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(keep, lambda _: None):
+                    run(*inputs)
+        return recomputed[holder]
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        return run(*inputs)
+'''),
+    right("hooked_checkpoint", "pack keeps the inputs themselves (the caller holds them anyway), handles for the rest",
+          ("    def pack(t):\n        return next(handles)\n",
+           "    def pack(t):\n        handle = next(handles)\n        return t if any(t is a for a in inputs) else handle\n"),
+          ("        if handle not in recomputed:  # the first unpack of this backward",
+           "        if isinstance(handle, torch.Tensor):\n            return handle\n"
+           "        if handle not in recomputed:  # the first unpack of this backward")),
     right("save_as_bf16", "float32 rounded to bfloat16 bits by hand, a dict, float64 via .to", source='''
 class save_as_bf16(torch.autograd.graph.saved_tensors_hooks):
     def __init__(self):
@@ -223,6 +333,7 @@ class save_as_bf16(torch.autograd.graph.saved_tensors_hooks):
         super().__init__(pack, unpack)
 '''),
     right("claims", "capitals and spaces", source='''
-claims = {"a": "False", "b": " true", "c": "FALSE", "d": "True", "e": "false ", "f": "false", "g": "False", "h": "TRUE"}
+claims = {"a": "False", "b": " true", "c": "FALSE", "d": "True", "e": "false ", "f": "false", "g": "False", "h": "TRUE",
+          "i": " False"}
 '''),
 ]
