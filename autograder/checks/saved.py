@@ -169,13 +169,13 @@ def check_saved(student: Any, rule: SaveRule, args: tuple, *, copy: bool = False
     return recording
 
 
-def check_nothing_kept(name: str, recording: Recording, names: Names) -> None:
+def check_nothing_kept(name: str, recording: Recording, names: Names, *, cause: str = KEPT) -> None:
     """After forward, the call keeps no memory alive but its outputs, what it saved, and what
     it put on ctx (which the caller judges)."""
     __tracebackhide__ = True
     if recording.kept:
         fail(f"{name}: after forward, {_kept_words(recording.kept, recording, names)}, outside what "
-             "it saved for backward.", cause=KEPT)
+             "it saved for backward.", cause=cause)
 
 
 def _kept_words(kept: Sequence[Kept], recording: Recording, names: Names) -> str:
