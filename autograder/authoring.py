@@ -38,6 +38,16 @@ from autograder.student import setup
 
 setup()'''
 
+HAND_IN_TAG = "hand-in"  # the tag of the last cell of every notebook, which `normalize` writes
+HAND_IN_CELL = '''\
+# Hand in: write your student id between the quotes (as your instructor gave it) and run this
+# cell. It saves the notebook and writes YOUR-ID__{slug}.zip beside it (Colab also downloads
+# it): upload that file where your instructor asks. On a JupyterHub whose menu has
+# Nbgrader → Assignment List, submit there instead.
+from autograder.student.handin import hand_in
+
+hand_in("");'''
+
 _NBGRADER_KEYS = {"schema_version", "grade", "solution", "locked", "task", "grade_id", "points", "checksum", "cell_type"}
 _GRADE_ID = re.compile(r"^[a-zA-Z0-9_\-]+$")
 
@@ -86,7 +96,25 @@ def normalize(nb: NotebookNode, root: Path = ROOT) -> NotebookNode:
         "grade": False, "grade_id": "setup", "locked": True, "schema_version": 3, "solution": False, "task": False,
     }
     setup.id = "setup"
+    nb.cells = [c for c in nb.cells if HAND_IN_TAG not in c.metadata.get("tags", [])]
+    nb.cells.append(hand_in_cell(_slug(nb)))
     return nb
+
+
+def hand_in_cell(slug: str) -> NotebookNode:
+    """The last cell of every notebook: the student hands the notebook in (autograder/student/handin.py)."""
+    cell = nbformat.v4.new_code_cell(HAND_IN_CELL.format(slug=slug), metadata={"tags": [HAND_IN_TAG]})
+    cell.id = HAND_IN_TAG
+    return cell
+
+
+def _slug(nb: NotebookNode) -> str:
+    """The notebook's slug, as its summary cell names it (`summary("SLUG")`)."""
+    for cell in nb.cells:
+        found = re.search(r'\bsummary\("([^"]+)"\)', cell.source) if cell.cell_type == "code" else None
+        if found:
+            return found.group(1)
+    return "ASSIGNMENT"
 
 
 def _nbgrader(cell: NotebookNode) -> dict:
@@ -120,6 +148,8 @@ def problems(nb: NotebookNode, root: Path = ROOT) -> list[str]:
     code = [c for c in nb.cells if c.cell_type == "code"]
     if not code or code[0].source != setup_source(root):
         found.append("the first code cell must be the shared setup cell (run `make release`)")
+    if not nb.cells or nb.cells[-1].source != hand_in_cell(_slug(nb)).source:
+        found.append("the last cell must be the hand-in cell (run `make release`)")
     for i, cell in enumerate(nb.cells):
         where = f"cell {i}"
         if cell.cell_type == "code" and (cell.outputs or cell.execution_count is not None):

@@ -11,6 +11,7 @@ import types
 import zipfile
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from autograder import authoring
@@ -113,3 +114,58 @@ def test_in_jupyter_it_finds_the_notebook_its_kernel_runs(tmp_path):
     assert reply["content"]["status"] == "ok", reply["content"]
     path = folder / f"dora__{SLUG}.zip"
     assert zipfile.ZipFile(path).namelist()[0] == f"dora/{SLUG}/{SLUG}.ipynb"
+
+
+def _kernel(folder: Path):
+    """A real kernel started as Jupyter's server starts one for the notebook in `folder`."""
+    from jupyter_client.manager import start_new_kernel
+
+    env = {**os.environ, "JPY_SESSION_NAME": f"{SLUG}/{SLUG}.ipynb"}
+    return start_new_kernel(kernel_name="python3", cwd=str(folder), env=env)
+
+
+def _errors(client, code: str) -> list[dict]:
+    """The error outputs of running `code` in the kernel."""
+    found = []
+    client.execute_interactive(code, timeout=60, output_hook=lambda msg: found.append(msg["content"])
+                               if msg["msg_type"] == "error" else None)
+    return found
+
+
+def test_a_kernel_whose_latest_cell_is_not_saved_refuses_in_one_line(tmp_path):
+    """No page saves the file here (a kernel without JupyterLab): the answer run last is not
+    in the file, so nothing is handed in and one line says to save — no traceback."""
+    folder = tmp_path / SLUG
+    folder.mkdir()
+    _released(folder)
+    manager, client = _kernel(folder)
+    try:
+        client.execute_interactive("answer = 42", timeout=60)
+        errors = _errors(client, "from autograder.student.handin import hand_in\nhand_in('dora')")
+        bad_id = _errors(client, "hand_in('Alice Smith')")
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    assert [e["ename"] for e in errors] == ["HandInError"] and len(errors[0]["traceback"]) == 1, errors
+    assert "does not hold your latest cells (In [1] is not in it): save the notebook" in errors[0]["traceback"][0]
+    assert not list(folder.glob("*.zip"))
+    assert len(bad_id[0]["traceback"]) == 1 and "is not a student id" in bad_id[0]["traceback"][0]
+
+
+def test_the_placeholder_id_hands_in_nothing_and_says_what_to_write(tmp_path, capsys):
+    assert handin.hand_in("", notebook=_released(tmp_path)) is None
+    assert 'write your student id between the quotes, e.g. hand_in("alice_92")' in capsys.readouterr().out
+    assert not list(tmp_path.glob("*.zip"))
+
+
+def test_every_notebook_ends_with_the_hand_in_cell_written_by_release(tmp_path):
+    """authoring.normalize writes it (once, whatever the notebook had there), and problems()
+    asks for it; while grading, the cell prints nothing."""
+    nb = nbformat.read(authoring.solution_path(SLUG), as_version=4)
+    twice = authoring.normalize(authoring.normalize(nb))
+    cells = [c for c in twice.cells if authoring.HAND_IN_TAG in c.metadata.get("tags", [])]
+    assert cells == [twice.cells[-1]] and twice.cells[-1].id == "hand-in"
+    assert f"YOUR-ID__{SLUG}.zip" in cells[0].source and cells[0].source.endswith('hand_in("");')
+    assert not authoring.problems(twice)
+    twice.cells.pop()
+    assert "the last cell must be the hand-in cell (run `make release`)" in authoring.problems(twice)

@@ -13,7 +13,12 @@ so an instructor either unzips it into `submitted/` (`unzip -o alice__03_functio
 -d submitted`) or puts every student's zip (as an LMS downloads them) in
 `downloaded/03_function_basics/archive/` and runs `nbgrader zip_collect 03_function_basics`
 (the course's nbgrader_config.py tells zip_collect where the student id and the notebook
-are). Nothing is graded here: this only packs the notebook as it is.
+are). Nothing is graded here.
+
+What is handed in is the notebook as the student sees it: in JupyterLab and Notebook 7 the
+page is asked to save it first (its Save button, clicked by a script the call displays), and
+the saved file must show the cells this kernel ran, else the call refuses and says to save;
+in Colab the notebook is read from the page itself. Every error is one line, no traceback.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import json
 import os
 import re
 import sys
+import time
 import zipfile
 from datetime import datetime, timezone
 from pathlib import Path
@@ -33,21 +39,32 @@ STUB = "raise NotImplementedError"  # what an answer cell holds until it is answ
 class HandInError(Exception):
     """Why nothing was handed in (the message says what to do)."""
 
+    def _render_traceback_(self) -> list[str]:
+        """What IPython (Jupyter, Colab) shows for it: the one line, no traceback."""
+        return [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {self}"]
+
+
+SAVE_WAIT = 5.0  # seconds the notebook's page has to save it
+
 
 def hand_in(student: str, assignment: str | None = None, *, notebook: str | os.PathLike | None = None,
             to: str | os.PathLike | None = None, download: bool = True) -> Path | None:
-    """Write `STUDENT__ASSIGNMENT.zip`, the submission of this notebook, and return its path.
+    """Save this notebook and write `STUDENT__ASSIGNMENT.zip`, its submission; return its path.
 
     `student`: your student id, as your instructor gave it (letters, digits, `_ . -`).
     `assignment`: e.g. "03_function_basics"; found from the notebook's name when omitted.
-    `notebook`: the .ipynb to hand in; by default the notebook this kernel runs (in
-    Jupyter the file as last saved, so save first; in Colab the notebook as it is now).
+    `notebook`: the .ipynb to hand in, as it is on disk; by default the notebook this kernel
+    runs, as you see it: in JupyterLab and Notebook 7 it is saved first (and refused, saying
+    so, if the saved file lacks the cells this kernel ran), in Colab it is read from the page.
     `to`: the folder to write to (default: beside the notebook, or the current folder).
     In Colab the file is also downloaded unless `download=False`. While the notebook is
     being graded (nbgrader sets NBGRADER_EXECUTION) it does nothing and returns None.
     """
     if os.environ.get("NBGRADER_EXECUTION"):
-        print("(hand_in does nothing while the notebook is graded or validated)")
+        return None
+    if student == "":
+        print('Nothing handed in yet: write your student id between the quotes, e.g. hand_in("alice_92"), '
+              "and run this cell again.")
         return None
     if not isinstance(student, str) or not STUDENT_ID.match(student):
         raise HandInError(f"{student!r} is not a student id: use letters, digits, '_', '.' or '-' (e.g. 'alice_92').")
@@ -91,23 +108,25 @@ def _this_notebook(notebook: str | os.PathLike | None) -> tuple[dict, str | None
     if _in_colab():
         from google.colab import _message  # type: ignore[import-not-found]
 
-        nb = _message.blocking_request("get_ipynb", timeout_sec=60)["ipynb"]
+        nb = _message.blocking_request("get_ipynb", timeout_sec=60)["ipynb"]  # the page's notebook, as shown
+        _refuse_if_stale(nb, "the notebook Colab sent", "wait until Colab shows every cell's output, then run "
+                                                           "hand_in again")
         name = nb.get("metadata", {}).get("colab", {}).get("name")  # Colab keeps the file name there
         return nb, name, Path.cwd()
     path = _kernel_notebook()
     if path is None:
-        raise HandInError("cannot find this notebook's file: call hand_in(..., notebook=\"path/to/notebook.ipynb\").")
-    return _read(path), path.name, path.parent
+        raise HandInError("cannot find this notebook's file: save it, then call "
+                          "hand_in(..., notebook=\"path/to/notebook.ipynb\").")
+    return _saved(path), path.name, path.parent
 
 
 def _kernel_notebook() -> Path | None:
     """The file this Jupyter kernel's notebook was opened from (ipykernel's `__session__`,
     set from the server's JPY_SESSION_NAME: a full path, or one relative to the server's root)."""
     names = []
-    try:
-        names.append(get_ipython().user_ns.get("__session__"))  # type: ignore[name-defined]  # noqa: F821
-    except NameError:
-        pass
+    shell = _shell()
+    if shell is not None:
+        names.append(shell.user_ns.get("__session__"))
     names.append(os.environ.get("JPY_SESSION_NAME"))
     for name in filter(None, names):
         path = Path(name)
@@ -115,6 +134,84 @@ def _kernel_notebook() -> Path | None:
             if candidate.suffix == ".ipynb" and candidate.is_file():
                 return candidate.resolve()
     return None
+
+
+def _shell():
+    """The IPython shell this runs in, or None."""
+    ipython = sys.modules.get("IPython")
+    return ipython.get_ipython() if ipython is not None else None
+
+
+# Run by JupyterLab's (and Notebook 7's) JavaScript renderer, with `element` the output's node:
+# click the Save button of the notebook this output belongs to, as the student would. Only
+# within a minute of the call, never again when a saved notebook is opened later.
+SAVE_SCRIPT = """
+if (Date.now() < {until}) {{
+  const panel = (typeof element !== "undefined" && element.closest(".jp-NotebookPanel")) || document;
+  const button = panel.querySelector('[data-command="docmanager:save"]') ||
+                 document.querySelector('[data-command="docmanager:save"]');
+  if (button) button.click();
+}}
+"""
+
+
+def _saved(path: Path) -> dict:
+    """The notebook as its page shows it: the page is asked to save it, and the file is read
+    once it holds the cells this kernel ran (else HandInError says to save)."""
+    before = path.stat().st_mtime_ns
+    shown = _ask_page_to_save()
+    deadline = time.monotonic() + SAVE_WAIT
+    try:
+        while time.monotonic() < deadline:
+            if path.stat().st_mtime_ns != before:
+                nb = _read_written(path)
+                if nb is not None and not _unsaved_runs(nb):
+                    return nb
+            time.sleep(0.05)
+    finally:
+        if shown is not None:
+            shown.update({"text/plain": ""}, raw=True)  # the script is not kept in the notebook
+    nb = _read(path)
+    if path.stat().st_mtime_ns == before:  # not saved now (a page that runs no script): good if the student did
+        _refuse_if_stale(nb, path.name, "save the notebook (Ctrl+S, or File → Save Notebook) and run hand_in again")
+    return nb  # saved now, though its last run is gone (a cell run, then deleted)
+
+
+def _read_written(path: Path) -> dict | None:
+    """The notebook, or None while the server is still writing it (it writes in place)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _ask_page_to_save():
+    """Send the page the script that saves it; its display handle (None outside IPython)."""
+    if _shell() is None:
+        return None
+    from IPython.display import Javascript, display
+
+    return display(Javascript(SAVE_SCRIPT.format(until=int((time.time() + 60) * 1000))), display_id=True)
+
+
+def _unsaved_runs(nb: dict) -> list[int]:
+    """Execution counts of cells this kernel ran before this one (hand-in calls aside) that
+    `nb` does not show: the last run must be there, with its count."""
+    shell = _shell()
+    if shell is None:
+        return []
+    history = shell.history_manager.input_hist_raw  # [0] is empty; the last is the running cell
+    runs = [k for k in range(1, len(history) - 1) if history[k].strip() and "hand_in(" not in history[k]]
+    if not runs:
+        return []
+    shown = {cell.get("execution_count") for cell in _cells(nb) if cell.get("cell_type") == "code"}
+    return [] if runs[-1] in shown else [runs[-1]]
+
+
+def _refuse_if_stale(nb: dict, what: str, remedy: str) -> None:
+    missing = _unsaved_runs(nb)
+    if missing:
+        raise HandInError(f"{what} does not hold your latest cells (In [{missing[0]}] is not in it): {remedy}.")
 
 
 def _read(path: Path) -> dict:
