@@ -1,11 +1,14 @@
-"""Unit tests of autograder.exercises.capstone (notebook 11): the model solution and the unusual
-right answers pass every check, each kind of wrong answer fails the check that is about it
-with a message naming the mistake, the verdicts are the same through a Remote proxy (the
-grader's way of reaching a student's process), the inputs are what the checks say they are,
-and the student's side holds no solution."""
+"""Unit tests of autograder.exercises.capstone (notebook 11): the model solutions and the unusual
+right answers pass every check, visible and hidden; each kind of wrong answer fails the check
+that is about it with a message naming the mistake; the verdicts are the same through a Remote
+proxy (the grader's way of reaching a student's process); the inputs hold what the checks say
+they do; the memory budgets can fail the answers they exist to fail; the student's side holds
+no solution; the notebook's time estimate counts its reading."""
 from __future__ import annotations
 
+import ast
 import inspect
+import re
 import sys
 import time
 import types
@@ -24,16 +27,21 @@ from autograder.student import probe
 from autograder.student.report import CheckFailed
 
 SLUG = "11_capstone"
-NAME = "fused_cross_entropy"
+NAME, LINEAR = cp.NAME, cp.LINEAR_NAME
 MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
+CELLS = nbformat.read(authoring.solution_path(SLUG), as_version=4).cells
 
 
 def _cell(grade_id: str) -> str:
-    nb = nbformat.read(authoring.solution_path(SLUG), as_version=4)
-    return next(c.source for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+    return next(c.source for c in CELLS if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
 
 
-SOLUTION = "\n".join(line for line in _cell(NAME).splitlines() if line.strip() not in MARKERS)
+def _model(grade_id: str) -> str:
+    return "\n".join(line for line in _cell(grade_id).splitlines() if line.strip() not in MARKERS)
+
+
+SOLUTIONS = {NAME: _model(NAME), LINEAR: _model(LINEAR)}
+SOLUTION = SOLUTIONS[NAME]
 
 CHECKS = {
     "values": cp.check_fused_values,
@@ -41,20 +49,26 @@ CHECKS = {
     "memory": cp.check_fused_memory,
     "vmap": cp.check_fused_vmap,
     "compile": cp.check_fused_compile,
+    "linear_values": cp.check_linear_values,
+    "linear_memory": cp.check_linear_memory,
 }
+OF = {check: LINEAR if check.startswith("linear") else NAME for check in CHECKS}  # the exercise a check grades
 
-HIDDEN = {  # as in the notebook's hidden test cells
-    "values": {"cases": [((6,), "mean", True, None, "normal"), ((1, 4), "none", False, None, "large"),
-                         ((3, 1), "mean", True, None, "normal"), ((4, 2, 3), "mean", True, 0, "far"),
-                         ((5, 6), "sum", True, -1, "masked"), ((2, 7), "none", True, -100, "masked")], "seed": None},
-    "double": {"cases": [((6,), "sum", True, None, "large"), ((3, 4), "mean", False, 2, "masked"),
-                         ((1, 1), "none", False, None, "normal")], "seed": None},
-    "memory": {"cases": [((10,), "sum", True, None, "normal"), ((8, 12), "mean", False, 3, "normal")], "seed": None},
-    "vmap": {"cases": [((5,), "mean", True, None, [(0, 0)], [4]), ((2, 3, 4), "none", False, 1, [(2, 0)], [2]),
-                       ((3, 4), "mean", True, -100, [(0, None)], [3]),
-                       ((3, 4), "mean", False, None, [(0, 0), (1, None)], [2, 3])], "seed": None},
-    "compile": {"cases": [((2, 3, 4), "none", False, 1, "large"), ((6,), "sum", True, None, "masked")], "seed": None},
-}
+
+def _hidden_calls() -> dict[str, dict]:
+    """{check: the keyword arguments of its hidden call}, read from the notebook's hidden cells."""
+    names = {fn.__name__: check for check, fn in CHECKS.items()}
+    found = {}
+    for cell in CELLS:
+        if "### BEGIN HIDDEN TESTS" not in cell.source or "check_answers" in cell.source:
+            continue
+        hidden = cell.source.split("### BEGIN HIDDEN TESTS")[1].split("### END HIDDEN TESTS")[0]
+        call = ast.parse(hidden.strip()).body[0].value
+        found[names[call.func.id]] = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+    return found
+
+
+HIDDEN = _hidden_calls()
 
 _COUNT = [0]
 
@@ -69,8 +83,8 @@ def notebook(source: str = SOLUTION) -> dict:
     return module.__dict__
 
 
-def edited(*edits: tuple[str, str]) -> dict:
-    source = SOLUTION
+def edited(*edits: tuple[str, str], exercise: str = NAME) -> dict:
+    source = SOLUTIONS[exercise]
     for old, new in edits:
         assert source.count(old) == 1, old
         source = source.replace(old, new)
@@ -78,8 +92,9 @@ def edited(*edits: tuple[str, str]) -> dict:
 
 
 def verdict(check: str, namespace: dict, *, remote: bool = False, **kwargs) -> str | None:
-    """The check's failure message for the notebook's fused_cross_entropy (None if it passed)."""
-    student = Remote(NAME, loopback(namespace)) if remote else namespace[NAME]
+    """The check's failure message for the notebook's answer (None if it passed)."""
+    name = OF[check]
+    student = Remote(name, loopback(namespace)) if remote else namespace[name]
     try:
         CHECKS[check](student, **kwargs)
     except CheckFailed as failed:
@@ -95,16 +110,20 @@ def same_both_ways(check: str, namespace: dict, **kwargs) -> str | None:
 
 
 def _answer(label: str, kind: list) -> dict:
-    found = [a for a in kind if a.exercise == NAME and a.label.startswith(label)]
+    found = [a for a in kind if a.exercise in SOLUTIONS and a.label.startswith(label)]
     assert len(found) == 1, label
-    return notebook(found[0].apply(SOLUTION))
+    return notebook(found[0].apply(SOLUTIONS[found[0].exercise]))
 
 
-# --- The model solution and the unusual right answers --------------------------------------------
+# --- The model solutions and the unusual right answers --------------------------------------------
+
+def test_the_hidden_calls_are_read_from_the_notebook():
+    assert set(HIDDEN) == set(CHECKS) and all(kwargs["seed"] is None for kwargs in HIDDEN.values())
+
 
 @pytest.mark.parametrize("check", list(CHECKS))
 def test_model_solution_passes_here_and_remotely(check, capsys):
-    namespace = notebook()
+    namespace = notebook(SOLUTIONS[OF[check]])
     assert verdict(check, namespace) is None
     assert "✔" in capsys.readouterr().out
     assert verdict(check, namespace, remote=True) is None
@@ -112,31 +131,36 @@ def test_model_solution_passes_here_and_remotely(check, capsys):
 
 @pytest.mark.parametrize("check", list(CHECKS))
 def test_model_solution_passes_the_hidden_tests(check):
-    assert verdict(check, notebook(), **HIDDEN[check]) is None
+    assert verdict(check, notebook(SOLUTIONS[OF[check]]), **HIDDEN[check]) is None
 
 
-@pytest.mark.parametrize("label", [a.label for a in answers.VARIANTS if a.exercise == NAME])
+@pytest.mark.parametrize("label", [a.label for a in answers.VARIANTS if a.exercise in SOLUTIONS])
 def test_unusual_right_answers_pass_every_check(label):
     namespace = _answer(label, answers.VARIANTS)
-    for check in CHECKS:
+    exercise = next(a.exercise for a in answers.VARIANTS if a.label == label)
+    for check in (c for c in CHECKS if OF[c] == exercise):
         assert verdict(check, namespace) is None, check
         assert verdict(check, namespace, **HIDDEN[check]) is None, check
 
 
 def test_passing_checks_say_what_they_checked(capsys):
-    namespace = notebook()
+    namespace = notebook(SOLUTIONS[NAME] + "\n" + SOLUTIONS[LINEAR])
     cp.check_fused_values(namespace[NAME])
     printed = capsys.readouterr().out
-    assert "gradcheck passes (float64, cpu)" in printed and "float32 logits" in printed
-    assert "rows at ±1000" in printed and "-inf logits" in printed and "a target 800 below the rest" in printed
+    assert "gradcheck passes (float64, cpu)" in printed and "float32 inputs (6 case(s))" in printed
+    assert "every row at ±1000" in printed and "-inf logits" in printed and "a target 800 below the rest" in printed
+    assert "logits (0, 4)" in printed and "not contiguous" in printed
     cp.check_fused_memory(namespace[NAME])
     printed = capsys.readouterr().out
-    assert "0 new bytes (allowed 224; the logits are 480)" in printed
+    assert "0 new bytes saved, 8 alive after forward with the output (allowed 232; the logits are 480)" in printed
     cp.check_fused_vmap(namespace[NAME])
     assert "in_dims (None, 0)" in capsys.readouterr().out
+    cp.check_linear_memory(namespace[LINEAR])
+    printed = capsys.readouterr().out
+    assert "never holds the whole logits" in printed and "the whole logits 98304" in printed
 
 
-# --- Check 1: values and gradients ---------------------------------------------------------------
+# --- Part A · check 1: values and gradients --------------------------------------------------------
 
 @pytest.mark.parametrize("edits, expected", [
     ((("lse = torch.logsumexp(logits, -1)", "lse = torch.log(torch.exp(logits).sum(-1))"),),
@@ -156,6 +180,8 @@ def test_passing_checks_say_what_they_checked(capsys):
       ("valid = target != ctx.ignore_index\n", "valid = target >= 0\n")), "ignore_index': 1"),
     ((("scale = grad_output * row_weight  # one number per row", "scale = row_weight"),),
      "backward ignores grad_output"),
+    ((("lse = torch.logsumexp(logits, -1)", "lse = torch.logsumexp(logits.view(-1, logits.shape[-1]), -1)"
+       ".view(target.shape)"),), "not contiguous"),
 ])
 def test_value_mistakes_are_named(edits, expected):
     message = same_both_ways("values", edited(*edits))
@@ -169,6 +195,20 @@ def test_the_log_of_the_softmax_fails_on_a_target_far_below():
     assert verdict("values", namespace, cases=[((5, 3), "mean", False, -100, "normal")]) is None
 
 
+def test_naive_exponentials_fail_in_every_draw():
+    """Rows at ±1000 are in every case, whatever its kind: an e^x without the max overflows."""
+    namespace = edited(("lse = torch.logsumexp(logits, -1)", "lse = torch.log(torch.exp(logits).sum(-1))"))
+    for case in [((3, 4), "sum", False, None, "normal"), ((1, 4), "none", False, None, "masked")]:
+        assert verdict("values", namespace, cases=[case]) is not None, case
+
+
+def test_an_empty_batch_is_checked():
+    namespace = _answer("a Python loop over the rows", answers.MUTANTS)
+    message = verdict("values", namespace, cases=[((0, 4), "sum", True, None, "normal")])
+    assert message is not None and "non-empty" in message, message
+    assert verdict("values", namespace, cases=[((2, 4), "sum", True, None, "normal")]) is None
+
+
 def test_a_zero_d_index_is_found_by_the_compile_check():
     """weight[target] on one row reads the 0-d target with .item(): the meta run only notes it,
     the compiled graph cannot hold it."""
@@ -179,7 +219,7 @@ def test_a_zero_d_index_is_found_by_the_compile_check():
     assert message is not None and "torch.compile" in message, message
 
 
-# --- Check 2: double backward --------------------------------------------------------------------
+# --- Part A · check 2: double backward -----------------------------------------------------------
 
 @pytest.mark.parametrize("label, expected", [
     ("saves each row's log-sum-exp", "In a cross-entropy this usually means a row statistic"),
@@ -193,16 +233,38 @@ def test_double_backward_mistakes_are_named(label, expected):
     assert verdict("values", namespace) is None  # right once
 
 
-# --- Check 3: memory -----------------------------------------------------------------------------
+# --- Part A · check 3: memory --------------------------------------------------------------------
 
 @pytest.mark.parametrize("label, expected", [
     ("saves the probabilities", "saved the intermediate softmax(logits), float64 of shape (6, 10), 480 bytes"),
     ("the log-probabilities as a second output", "saved the intermediate log_softmax(logits)"),
     ("stashes the logits on ctx", "tensor `ctx.logits` (the input `logits` of shape (6, 10), 480 bytes) is stashed"),
+    ("keeps the softmax in a class attribute", "after forward"),
+    ("keeps the logits in a module global", "`logits`"),
 ])
 def test_memory_mistakes_are_named(label, expected):
     message = same_both_ways("memory", _answer(label, answers.MUTANTS))
     assert message is not None and expected in message, message
+
+
+def _memory_report(namespace: dict, name: str, args: tuple, grad_output: torch.Tensor) -> dict:
+    found = student_side.memory_run(namespace[name], args, [grad_output])
+    assert found["error"] is None, found
+    return found
+
+
+def test_the_memory_meter_sees_what_is_kept_anywhere():
+    """memory_run counts new memory blocks wherever they are kept, and inputs still referenced."""
+    logits = torch.randn(6, 10, dtype=torch.float64, requires_grad=True)
+    args = (logits, torch.randint(10, (6,)), None, "sum", -100)
+    model = _memory_report(notebook(), NAME, args, torch.tensor(1.0, dtype=torch.float64))
+    assert model["kept"] == 8 and model["left"] == 0 and model["inputs_alive"] == []
+    on_class = _memory_report(_answer("keeps the softmax in a class attribute", answers.MUTANTS), NAME, args,
+                              torch.tensor(1.0, dtype=torch.float64))
+    assert on_class["kept"] >= 480 and on_class["left"] >= 480
+    in_global = _memory_report(_answer("keeps the logits in a module global", answers.MUTANTS), NAME, args,
+                               torch.tensor(1.0, dtype=torch.float64))
+    assert in_global["inputs_alive"] == [0] and in_global["kept"] == 8
 
 
 def test_a_composite_keeps_the_log_probabilities_and_fails_the_budget():
@@ -222,10 +284,10 @@ def test_a_few_numbers_per_row_are_allowed_and_no_more():
     too_many = edited(("ctx.save_for_backward(logits, target, weight)  # inputs only: nothing new is kept",
                        "ctx.save_for_backward(logits, target, weight, logits[..., :5].clone())"))
     message = verdict("memory", too_many)
-    assert message is not None and "more than its budget" in message, message
+    assert message is not None and "budget" in message, message
 
 
-# --- Check 4: vmap --------------------------------------------------------------------------------
+# --- Part A · check 4: vmap ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("label, expected", [
     ("F.one_hot in backward", "such as F.one_hot"),
@@ -253,7 +315,7 @@ def test_per_sample_gradients_vmap_the_targets_too():
     assert torch.allclose(found["grads"][0], want)
 
 
-# --- Check 5: compile -----------------------------------------------------------------------------
+# --- Part A · check 5: compile ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("label, expected", [
     ("defines jvp", "Unsupported custom jvp"),
@@ -262,6 +324,79 @@ def test_per_sample_gradients_vmap_the_targets_too():
 def test_compile_mistakes_are_named(label, expected):
     message = same_both_ways("compile", _answer(label, answers.MUTANTS))
     assert message is not None and expected in message, message
+
+
+# --- Part B · the chunked Linear + cross-entropy ---------------------------------------------------
+
+@pytest.mark.parametrize("label, check, expected", [
+    ("the composite", "linear_memory", "log_softmax(hidden @ weight.T)"),
+    ("forward in one chunk", "linear_memory", "forward holds"),
+    ("backward in one chunk", "linear_memory", "backward holds"),
+    ("saves every chunk's logits", "linear_memory", "budget"),
+    ("keeps every chunk's logits in a list on ctx", "linear_memory", "stashed on ctx"),
+    ("the mean of the chunks' means", "linear_values", "forward has wrong values"),
+    ("gives ignored rows a gradient", "linear_values", "only rows whose target is ignore_index"),
+    ("the gradient for weight of the last chunk only", "linear_values", "wrong gradient for `weight`"),
+    ("drops the last, shorter chunk", "linear_values", "forward raised RuntimeError"),
+    ("sums the loss in float64", "linear_values", "float32"),
+])
+def test_linear_mistakes_are_named(label, check, expected):
+    namespace = _answer(label, answers.MUTANTS)
+    message = same_both_ways(check, namespace)
+    assert message is not None and expected in message, message
+
+
+@pytest.mark.parametrize("label", ["a loop of F.cross_entropy over chunks", "keeps every chunk's logits in a module"])
+def test_chunks_kept_anywhere_fail_the_memory_check(label):
+    namespace = _answer(label, answers.MUTANTS)
+    assert verdict("linear_values", namespace) is None  # right numbers
+    assert verdict("linear_memory", namespace) is not None
+
+
+def test_the_whole_logits_exceed_the_memory_budget_in_every_memory_case():
+    """A budget the whole logits fit in could not fail an answer that makes them."""
+    for case in [*cp.LINEAR_MEMORY_CASES, *HIDDEN["linear_memory"]["cases"]]:
+        rows, features, classes, reduction, ignore, chunk = case
+        args = (torch.empty(rows, features), torch.empty(classes, features), None, reduction, ignore, chunk)
+        assert rows * classes * cp.BYTES_PER_NUMBER > cp.linear_work(args), case
+        assert rows * classes * cp.BYTES_PER_NUMBER > 2 * cp.linear_kept(args), case
+
+
+def test_the_memory_meter_measures_the_peaks():
+    namespace = notebook(SOLUTIONS[LINEAR])
+    hidden, weight, target, options = cp._draw_linear((96, 4, 128, "mean", -100, 4), torch.Generator().manual_seed(0))
+    args = (hidden.requires_grad_(), weight.requires_grad_(), target, "mean", -100, 4)
+    model = _memory_report(namespace, LINEAR, args, torch.tensor(1.0, dtype=torch.float64))
+    assert 0 < model["forward_peak"] < 96 * 128 * 8 / 4 and model["left"] == 0 and model["inputs_alive"] == []
+    composite = notebook(answers._COMPOSITE)
+    whole = _memory_report(composite, LINEAR, args, torch.tensor(1.0, dtype=torch.float64))
+    assert whole["forward_peak"] >= 96 * 128 * 8 and whole["kept"] >= 96 * 128 * 8
+
+
+def test_linear_inputs_are_what_the_cases_say():
+    generator = torch.Generator().manual_seed(2)
+    hidden, weight, target, options = cp._draw_linear((10, 3, 7, "mean", 2, 4), generator, strided=True)
+    assert float(hidden[0, 0]) == cp.LARGE and hidden.shape == (10, 3) and weight.shape == (7, 3)
+    assert bool((target[4:8] == 2).all()) and target[0] != 2 and target[-1] == 2
+    assert options == {"reduction": "mean", "ignore_index": 2, "chunk_size": 4, "strided": True}
+    hidden, _, target, options = cp._draw_linear((0, 3, 5, "sum", None, 2), generator)
+    assert hidden.shape == (0, 3) and target.shape == (0,) and options["ignore_index"] == -100
+    assert [cp._strided(i, 2) for i in range(4)] == [False, True, False, True]
+
+
+def test_strided_options_reach_the_student_not_contiguous():
+    seen = []
+
+    def spy(hidden, weight, target, reduction, ignore_index, chunk_size):
+        seen.append((hidden.is_contiguous(), weight.is_contiguous()))
+        return (hidden @ weight.T).sum()
+
+    hidden = torch.randn(3, 2, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(4, 2, dtype=torch.float64, requires_grad=True)
+    loss = student_side.as_linear_loss(spy)(hidden, weight, torch.zeros(3, dtype=torch.long),
+                                            {"chunk_size": 2, "strided": True})
+    loss.backward()
+    assert seen == [(False, False)] and hidden.grad is not None and weight.grad is not None
 
 
 # --- Inputs ----------------------------------------------------------------------------------------
@@ -273,13 +408,19 @@ def test_inputs_are_what_the_cases_say():
     assert not bool(ignored[0]) and bool(ignored[-1])
     assert bool(torch.isinf(logits[ignored][:, 0]).all()) and bool(torch.isfinite(logits[ignored][:, -1]).all())
     assert bool(torch.isfinite(logits[~ignored].gather(-1, target[~ignored].unsqueeze(-1))).all())
-    assert options["weight"].shape == (5,) and options["reduction"] == "mean"
+    assert options["weight"].shape == (5,) and options["reduction"] == "mean" and options["strided"] is False
     logits, target, _ = cp._draw(((4, 3), "sum", False, None, "far"), generator)
     assert float(logits.amax(-1)[0] - logits[0, target[0]]) > cp.FAR - 20
+    for kind in ("normal", "far", "masked"):  # rows at ±1000 in every draw
+        logits, _, _ = cp._draw(((4, 3), "sum", False, None, kind), generator)
+        finite = torch.where(torch.isfinite(logits), logits, 0)
+        assert float(finite[0].amax()) > 900 and float(finite[1].amin()) < -900 and float(finite[2:].abs().max()) < 900
     logits, _, _ = cp._draw(((4, 3), "sum", False, None, "large"), generator)
-    assert float(logits[0].mean()) > 900 and float(logits[1].mean()) < -900
+    assert float(logits[2].mean()) > 900 and float(logits[3].mean()) < -900
     logits, target, _ = cp._draw(((3,), "none", False, 1, "normal"), generator)
     assert target.shape == () and int(target) != 1
+    logits, target, _ = cp._draw(((0, 3), "sum", False, 1, "masked"), generator)
+    assert logits.shape == (0, 3) and target.shape == (0,)
     for bad in [((), "mean", False, None, "normal"), ((4, 1), "mean", False, 0, "normal"),
                 ((4, 3), "average", False, None, "normal"), ((4, 3), "mean", False, None, "huge")]:
         with pytest.raises(ValueError):
@@ -294,12 +435,11 @@ def test_the_reference_is_f_cross_entropy_with_classes_last():
     assert cp.reference(logits[0, 0], target[0, 0], reduction="none").shape == ()
 
 
-# --- The trust boundary and the cost ---------------------------------------------------------------
+# --- The trust boundary, the cost and the time estimate ----------------------------------------------
 
 def _secret_lines() -> set[str]:
-    nb = nbformat.read(authoring.solution_path(SLUG), as_version=4)
     found, inside = set(), False
-    for cell in nb.cells:
+    for cell in CELLS:
         for line in cell.source.splitlines():
             if "### BEGIN" in line:
                 inside = True
@@ -312,26 +452,46 @@ def _secret_lines() -> set[str]:
 
 def test_the_student_side_holds_no_line_of_the_solution_or_hidden_tests():
     lines = _secret_lines()
-    assert len(lines) >= 20
+    assert len(lines) >= 40
     source = inspect.getsource(student_side)
     assert [line for line in lines if line in source] == []
 
 
 def test_procedures_are_registered():
-    for name in ("with_options", "per_sample_grads"):
+    for name in ("with_options", "per_sample_grads", "memory_run"):
         assert f"{student_side.__name__}:{name}" in probe.PROCEDURES
 
 
-def test_with_options_runs_only_probe_procedures():
+def test_with_options_runs_only_probe_procedures_and_adapters():
     with pytest.raises(ValueError, match="not a probe procedure"):
-        student_side.with_options(notebook()[NAME], "os:system", "true")
+        student_side.with_options(notebook()[NAME], "cross_entropy", "os:system", "true")
+    with pytest.raises(ValueError, match="not an adapter"):
+        student_side.with_options(notebook()[NAME], "os", "autograder.student.probe:_run")
 
 
 def test_warm_checks_are_cheap():
     """Each visible check, once torch's lazy imports are paid, stays well under a few seconds."""
-    namespace = notebook()
-    for check in CHECKS.values():
-        check(namespace[NAME])  # warm
+    namespace = notebook(SOLUTIONS[NAME] + "\n" + SOLUTIONS[LINEAR])
+    for check, fn in CHECKS.items():
+        fn(namespace[OF[check]])  # warm
         start = time.perf_counter()
-        check(namespace[NAME])
-        assert time.perf_counter() - start < 3.0, check.__name__
+        fn(namespace[OF[check]])
+        assert time.perf_counter() - start < 3.0, check
+
+
+WORDS_PER_MINUTE = 200
+
+
+def test_each_part_states_its_reading_time():
+    """The introduction's reading time of each part: the words of its markdown and given code
+    (the released notebook's, without answer cells and the setup cell, as
+    test_time_estimates.py counts the whole) at 200 a minute, within 3 minutes."""
+    released = nbformat.read(authoring.ROOT / "course" / SLUG / f"{SLUG}.ipynb", as_version=4).cells
+    words, part = {"A": 0, "B": 0}, "A"
+    for cell in released:
+        part = "B" if cell.source.startswith("# Part B") else part
+        meta = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "markdown" or not (meta.get("solution") or meta.get("grade_id") == "setup"):
+            words[part] += len(cell.source.split())
+    stated = [int(m) for m in re.findall(r"\| ~(\d+) min \|", released[0].source)]
+    assert stated == pytest.approx([words["A"] / WORDS_PER_MINUTE, words["B"] / WORDS_PER_MINUTE], abs=3), words

@@ -1,17 +1,23 @@
-"""Notebook 11_capstone in the student's process: the student's fused cross-entropy seen as a
-function of the logits and the targets only.
+"""Notebook 11_capstone in the student's process: the student's losses seen as functions of
+their tensors only, and a meter of the memory they use.
 
 The checks differentiate every floating-point tensor argument they are given. The class
 weights of a cross-entropy are not differentiated (as in `F.cross_entropy`), so the checks
-hand them over inside a plain `options` dict, with the reduction and the ignored index:
-`as_loss(fn)(logits, target, options)` calls
-`fn(logits, target, weight, reduction, ignore_index)`, with the weight on the logits'
-device and in their dtype, as a caller would pass it. `with_options` runs any probe
-procedure on that function, where the student's code is. Nothing here computes a loss.
+hand them over inside a plain `options` dict, with the other settings:
+`as_loss(fn)(logits, target, options)` calls `fn(logits, target, weight, reduction,
+ignore_index)`, with the weight on the logits' device and in their dtype, as a caller
+would pass it; `as_linear_loss(fn)(hidden, weight, target, options)` calls `fn(hidden,
+weight, target, reduction, ignore_index, chunk_size)`. With `options["strided"]`, the
+floating-point tensors reach the student's code laid out in memory as after a transpose
+(not contiguous), with the same values. `with_options` runs any probe procedure on such a
+function, where the student's code is. `memory_run` measures what a call allocates, keeps
+and leaves behind. Nothing here computes a loss.
 """
 from __future__ import annotations
 
+import gc
 import inspect
+import weakref
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -19,8 +25,18 @@ from typing import Any
 import torch
 
 from . import probe
+from .memory import PeakMemory
 
-OPTIONS = ("weight", "reduction", "ignore_index")
+
+def _signature(*names: str) -> inspect.Signature:
+    return inspect.Signature([inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names])
+
+
+def _laid_out(t: Any, options: dict) -> Any:
+    """`t` not contiguous (its values unchanged, its gradient flowing back) when the options say so."""
+    if options.get("strided") and probe.differentiable(t):
+        return probe.laid_out(t, "strided")
+    return t
 
 
 def as_loss(fn: Any) -> Callable[..., Any]:
@@ -33,20 +49,37 @@ def as_loss(fn: Any) -> Callable[..., Any]:
         weight = options.get("weight")
         if isinstance(weight, torch.Tensor):
             weight = weight.to(device=logits.device, dtype=logits.dtype)
-        return call(logits, target, weight, options.get("reduction", "mean"), options.get("ignore_index", -100))
+        return call(_laid_out(logits, options), target, weight, options.get("reduction", "mean"),
+                    options.get("ignore_index", -100))
 
-    loss.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in ("logits", "target", "options")]
-    )
+    loss.__signature__ = _signature("logits", "target", "options")  # type: ignore[attr-defined]
     return loss
 
 
+def as_linear_loss(fn: Any) -> Callable[..., Any]:
+    """`loss(hidden, weight, target, options)` = `fn(hidden, weight, target, reduction,
+    ignore_index, chunk_size)`, the three last taken from the dict `options`."""
+    call = probe.as_callable(fn)
+
+    def loss(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, options: dict) -> Any:
+        return call(_laid_out(hidden, options), _laid_out(weight, options), target, options.get("reduction", "mean"),
+                    options.get("ignore_index", -100), options["chunk_size"])
+
+    loss.__signature__ = _signature("hidden", "weight", "target", "options")  # type: ignore[attr-defined]
+    return loss
+
+
+ADAPTERS = {"cross_entropy": as_loss, "linear_cross_entropy": as_linear_loss}
+
+
 @probe.procedure
-def with_options(fn: Any, procedure: str, *args: Any) -> Any:
-    """The probe procedure called `procedure` on `as_loss(fn)`."""
+def with_options(fn: Any, adapter: str, procedure: str, *args: Any) -> Any:
+    """The probe procedure called `procedure` on `ADAPTERS[adapter](fn)`."""
     if procedure not in probe.PROCEDURES:
         raise ValueError(f"not a probe procedure: {procedure!r}")
-    return probe.PROCEDURES[procedure](as_loss(fn), *args)
+    if adapter not in ADAPTERS:
+        raise ValueError(f"not an adapter: {adapter!r}")
+    return probe.PROCEDURES[procedure](ADAPTERS[adapter](fn), *args)
 
 
 @probe.procedure
@@ -77,3 +110,45 @@ def per_sample_grads(fn: Any, args: tuple, dims: list, weights: list) -> dict:
         return {"grads": [g.detach() for g in grads], "error": None}
     except Exception as exc:  # the student's code may raise anything
         return {"grads": None, "error": asdict(probe.ProbeError.of("vmap(grad(...))", exc))}
+
+
+@probe.procedure
+def memory_run(fn: Any, args: tuple, grad_outputs: list) -> dict:
+    """Memory of one call `fn(*args)` and its backward, counted by `PeakMemory` (the blocks
+    torch operations create): forward's peak, what is still alive when forward returns (the
+    output, and whatever the call keeps until backward, wherever it keeps it: saved for
+    backward, on ctx, in a global, a class attribute or a closure), backward's peak (the
+    gradients included), and, once the output and the gradients are dropped, the bytes
+    still alive and which inputs are still referenced. The inputs are copies made here, so
+    only the call can keep them. The tensors that require grad are differentiated;
+    `grad_outputs` has one tensor per output that requires grad. Reported by the process that ran `fn`: best
+    effort (memory outside torch operations, NumPy's, is not seen)."""
+    call = probe.as_callable(fn)
+    inputs = [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args]
+    watched = [weakref.ref(a.untyped_storage()) if isinstance(a, torch.Tensor) and a.device.type != "meta" else None
+               for a in inputs]
+    stage = "forward"
+    try:
+        with PeakMemory() as forward:
+            result = call(*inputs)
+        kept = forward.now
+        outputs = [o for o in probe.outputs_of(result) if probe.differentiable(o) and o.requires_grad]
+        wrt = [a for a in inputs if isinstance(a, torch.Tensor) and a.requires_grad]
+        stage = "backward"
+        with PeakMemory() as backward:
+            grads = torch.autograd.grad(outputs, wrt, [g.to(o.device) for o, g in zip(outputs, grad_outputs)],
+                                        allow_unused=True)
+        del result, outputs, wrt, grads, inputs
+    except Exception as exc:  # the student's code may raise anything
+        return {"error": asdict(probe.ProbeError.of(stage, exc))}
+    # A reference cycle (an output on its own ctx) is freed only by the collector: the young
+    # generations, where this call's objects are, cost microseconds (a full collection, a second).
+    gc.collect(1)
+    return {
+        "error": None,
+        "forward_peak": forward.peak,
+        "kept": kept,
+        "backward_peak": backward.peak,
+        "left": forward.now + backward.now,
+        "inputs_alive": [i for i, w in enumerate(watched) if w is not None and w() is not None],
+    }
