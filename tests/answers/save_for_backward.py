@@ -119,6 +119,39 @@ class Tanh_(torch.autograd.Function):
     wrong("what_happens", "thinks .data is version-checked", ('"d": "silently wrong"', '"d": "error"')),
     wrong("what_happens", "thinks mark_dirty is optional", ('"g": "silently wrong"', '"g": "correct"')),
     wrong("what_happens", "thinks a None gradient counts as zero", ('"i": "error"', '"i": "correct"')),
+    # A tensor kept outside ctx, besides what is saved: seen by neither the hooks nor ctx, alive after backward
+    wrong("sigmoid", "saves y, and appends it to a global list of activations (to plot them later)",
+          ("class Sigmoid(torch.autograd.Function):",
+           "ACTIVATIONS = []  # every output, to plot them later\n\n\nclass Sigmoid(torch.autograd.Function):"),
+          ("        ctx.save_for_backward(y)\n", "        ctx.save_for_backward(y)\n        ACTIVATIONS.append(y)\n")),
+    wrong("sigmoid", "saves y, and keeps the last input in a class attribute (to inspect it)",
+          ("        ctx.save_for_backward(y)\n", "        ctx.save_for_backward(y)\n        Sigmoid.last_input = x\n")),
+    wrong("sort", "saves the indices, and keeps them in a default argument too (the last call's, for reuse)",
+          ("def forward(ctx, x, dim):", "def forward(ctx, x, dim, _last={}):"),
+          ("        ctx.save_for_backward(indices)\n", "        ctx.save_for_backward(indices)\n        _last[\"indices\"] = indices\n")),
+    wrong("tanh_inplace", "keeps a copy of every input in a list of an enclosing function (a closure)", source='''
+def _tanh_with_history():
+    history = []  # the inputs before they are overwritten, to look at later
+
+    class Tanh_(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            history.append(x.detach().clone())
+            x.tanh_()
+            ctx.mark_dirty(x)
+            ctx.save_for_backward(x)
+            return x
+
+        @staticmethod
+        def backward(ctx, grad_output):
+            (y,) = ctx.saved_tensors
+            return grad_output * (1 - y * y)
+
+    return Tanh_
+
+
+Tanh_ = _tanh_with_history()
+'''),
 ]
 
 VARIANTS = [
