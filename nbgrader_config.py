@@ -13,6 +13,18 @@ c.CourseDirectory.root = os.path.dirname(os.path.abspath(__file__))
 c.CourseDirectory.course_id = "autograd-course"
 c.CourseDirectory.source_directory = "solutions"
 c.CourseDirectory.release_directory = "course"
+# Every student of the course (a hub's nbgrader config names the student for their own server).
+c.CourseDirectory.student_id = "*"
+
+# nbgrader's exchange, where the Assignment List releases, fetches, submits and collects: on a
+# JupyterHub the folder every server sees (README, "Running the course on a JupyterHub"; the
+# students' servers read the same place from jupyter/hub/student/nbgrader_config.py). Without
+# one, a folder of the course's own (ignored by git), so formgrader has an exchange to list.
+SHARED_EXCHANGE = "/srv/nbgrader/exchange"
+c.Exchange.root = os.environ.get("NBGRADER_EXCHANGE") or SHARED_EXCHANGE
+if not os.environ.get("NBGRADER_EXCHANGE") and not os.path.isdir(SHARED_EXCHANGE):
+    c.Exchange.root = os.path.join(c.CourseDirectory.root, "exchange")
+    os.makedirs(c.Exchange.root, exist_ok=True)
 
 # A student who deletes a graded cell gets it back (with zero points) instead of
 # breaking the grading of the whole notebook.
@@ -29,9 +41,11 @@ c.GenerateFeedback.preprocessors = [
 ]
 
 # `nbgrader zip_collect ASSIGNMENT`: a submission made with `hand_in()` (autograder/student/
-# handin.py) is a zip of STUDENT/ASSIGNMENT/ASSIGNMENT.ipynb; put the zips (as your LMS
-# downloads them, renamed or not) in downloaded/ASSIGNMENT/archive/. The student id is the
-# folder inside the zip, the notebook its file.
+# handin.py) is a zip of STUDENT/ASSIGNMENT/ASSIGNMENT.ipynb and its timestamp.txt; put the
+# zips (as your LMS downloads them, renamed or not) in downloaded/ASSIGNMENT/archive/. The
+# student id is the folder inside the zip, the notebook its file; the time of the hand-in
+# comes from its timestamp.txt (HandInCollector), so late work shows as late.
+c.ZipCollectApp.collector_plugin = "autograder.grader.discover.HandInCollector"
 c.FileNameCollectorPlugin.named_regexp = (
     r".*/(?P<student_id>[A-Za-z0-9][A-Za-z0-9_.-]*)/\d\d_[a-z0-9_]+/(?P<file_id>[^/]+\.ipynb)$"
 )

@@ -177,6 +177,13 @@ def test_an_instructor_sees_scores_and_the_flag_in_formgrader(graded_course, tmp
             assert len(rows) == 2 and all(full in r for r in rows), rows  # overall score of each
             # bob's edit of a locked cell: full points (the grader restores the cell), and flagged.
             assert page.locator("table tbody tr .glyphicon-flag, table tbody tr .fa-flag").count() == 1
+            # Each hand-in's time, kept through zip_collect (timestamp.txt): late work can be seen.
+            page.goto(f"{base}/formgrader/manage_submissions/{SLUG}?token={browser.TOKEN}")
+            page.wait_for_function("() => document.querySelectorAll('table tbody tr td.timestamp').length >= 2",
+                                   timeout=60_000)
+            browser.screenshot(page, "instructor-submissions")
+            shown = page.locator("table tbody tr td.timestamp").all_inner_texts()
+            assert len(shown) == 2 and "None" not in shown and all(shown), shown
         finally:
             browser.screenshot(page, "instructor-last")
             page.close()

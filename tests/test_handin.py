@@ -2,6 +2,7 @@
 with `nbgrader zip_collect`."""
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import types
 import zipfile
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import nbformat
@@ -74,25 +76,62 @@ def test_while_grading_it_does_nothing(tmp_path, monkeypatch):
     assert not list(tmp_path.glob("*.zip"))
 
 
+def _handed_in_at(zipped: Path, when: datetime) -> Path:
+    """The hand-in `zipped`, as if made at `when` (its timestamp.txt says so)."""
+    with zipfile.ZipFile(zipped) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    with zipfile.ZipFile(zipped, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, when.strftime("%Y-%m-%d %H:%M:%S.%f %Z") if name.endswith("timestamp.txt") else data)
+    return zipped
+
+
 @pytest.mark.slow
-def test_zip_collect_and_unzip_put_handed_in_notebooks_into_submitted(tmp_path):
+def test_zip_collect_keeps_each_hand_ins_time_so_late_work_shows_as_late(tmp_path):
+    """Hand-in zips as an LMS downloads them (renamed; bob handed in twice), collected with
+    `nbgrader zip_collect` and the course's configuration: nothing skipped, each student's
+    timestamp.txt as hand_in wrote it (bob's later hand-in kept), graded: with a due date,
+    grades.csv and the gradebook show bob late and alice on time."""
+    from engine_course import grade
     from grading import Course
+    from nbgrader.api import Gradebook
 
     (tmp_path / "course").mkdir()
     course = Course(tmp_path / "course", [SLUG])
+    due = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+    with Gradebook(course.db_url) as gb:
+        gb.update_or_create_assignment(SLUG, duedate=due.replace(tzinfo=None))
     archive = course.root / "downloaded" / SLUG / "archive"
     archive.mkdir(parents=True)
-    for student in ("alice", "bob"):
-        zipped = handin.hand_in(student, notebook=course.root / "course" / SLUG / f"{SLUG}.ipynb", to=tmp_path)
-        shutil.copy(zipped, archive / f"{student}_1234_5678_{zipped.name}")  # renamed as an LMS does
+    released = course.root / "course" / SLUG / f"{SLUG}.ipynb"
+    for student, when in (("alice", due - timedelta(hours=2)), ("bob", due - timedelta(hours=1)),
+                          ("bob", due + timedelta(minutes=30))):
+        zipped = _handed_in_at(handin.hand_in(student, notebook=released, to=tmp_path / when.isoformat()), when)
+        shutil.copy(zipped, archive / f"{student}_{when:%H%M}_5678_{zipped.name}")  # renamed as an LMS does
     nbgrader = Path(sys.executable).with_name("nbgrader")
     done = subprocess.run([str(nbgrader), "zip_collect", SLUG], cwd=course.root, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    for student in ("alice", "bob"):
-        assert (course.root / "submitted" / student / SLUG / f"{SLUG}.ipynb").is_file(), done.stderr
-    # Or unzipped by hand into submitted/: the same place, with nbgrader's timestamp.txt.
-    with zipfile.ZipFile(tmp_path / f"alice__{SLUG}.zip") as zipped:
-        zipped.extractall(tmp_path / "submitted")
+    assert "no match information" not in done.stderr, done.stderr  # timestamp.txt too is collected
+    assert "6 files collected, 2 files skipped" in done.stderr, done.stderr  # bob's first hand-in: replaced
+    for student, when in (("alice", due - timedelta(hours=2)), ("bob", due + timedelta(minutes=30))):
+        folder = course.root / "submitted" / student / SLUG
+        assert (folder / f"{SLUG}.ipynb").is_file()
+        assert (folder / "timestamp.txt").read_text() == when.strftime("%Y-%m-%d %H:%M:%S.%f %Z")
+    graded = grade(course, SLUG)
+    assert graded.returncode == 0, graded.stdout + graded.stderr
+    with open(course.root / "grades.csv", newline="") as f:
+        rows = {row["student_id"]: row for row in csv.DictReader(f)}
+    assert rows["alice"]["timestamp"] < rows["alice"]["duedate"] < rows["bob"]["timestamp"], rows
+    with Gradebook(course.db_url) as gb:
+        assert gb.find_submission(SLUG, "bob").total_seconds_late == 30 * 60
+        assert gb.find_submission(SLUG, "alice").total_seconds_late == 0
+
+
+def test_unzipped_by_hand_the_hand_in_lands_where_nbgrader_expects_it(tmp_path):
+    zipped = handin.hand_in("alice", notebook=_released(tmp_path))
+    with zipfile.ZipFile(zipped) as archive:
+        archive.extractall(tmp_path / "submitted")
+    assert (tmp_path / "submitted" / "alice" / SLUG / f"{SLUG}.ipynb").is_file()
     assert (tmp_path / "submitted" / "alice" / SLUG / "timestamp.txt").read_text().endswith("UTC")
 
 

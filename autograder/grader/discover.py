@@ -16,6 +16,7 @@ from datetime import datetime
 from pathlib import Path
 
 from nbgrader.coursedir import CourseDirectory
+from nbgrader.plugins import FileNameCollectorPlugin
 from nbgrader.utils import find_all_files, parse_utc
 
 from . import untrusted
@@ -146,3 +147,36 @@ def is_done(coursedir: CourseDirectory, submission: Submission) -> bool:
         return False
     graded_at = coursedir.get_existing_timestamp(dest)
     return not (submission.timestamp and graded_at and submission.timestamp > graded_at)
+
+
+class HandInCollector(FileNameCollectorPlugin):
+    """`nbgrader zip_collect`'s collector for hand_in() zips (nbgrader_config.py names it):
+    the student and the notebook come from the path (`named_regexp`), as with nbgrader's own
+    collector, and the time from the timestamp.txt beside the notebook, which is collected
+    too. So submitted/ holds each hand-in's own time (formgrader, grades.csv and the late
+    penalty read it), and of two hand-ins of one student the later one is kept.
+
+    A timestamp.txt that is not a time nbgrader reads gives no time (nbgrader would stop the
+    whole collection on it); the notebook is collected all the same.
+    """
+
+    def collect(self, submitted_file: str) -> dict | None:
+        folder, name = os.path.split(submitted_file)
+        if name != TIMESTAMP:
+            info = super().collect(submitted_file)
+            return info and {**info, **_written_time(folder)}
+        notebooks = sorted(entry.path for entry in os.scandir(folder) if entry.name.endswith(".ipynb"))
+        info = self._match(notebooks[0]) if notebooks else None
+        when = _written_time(folder)
+        return {**info, "file_id": TIMESTAMP, **when} if info and when else None
+
+
+def _written_time(folder: str) -> dict:
+    """{"timestamp": the text of folder's timestamp.txt} if it is a time nbgrader reads, else {}."""
+    try:
+        with open(os.path.join(folder, TIMESTAMP), encoding="utf-8") as f:
+            text = f.read(1024).strip()
+        parse_utc(text)
+    except (OSError, ValueError, OverflowError):
+        return {}
+    return {"timestamp": text}
