@@ -177,6 +177,66 @@ ATTACKS = {
             return grad, None
         ClippedReLU.backward = staticmethod(backward)
     """, "asks autograd for the gradient inside backward", False),
+    "autograd_in_a_thread_pool": ("""
+        from concurrent.futures import ThreadPoolExecutor
+        _pool = ThreadPoolExecutor(1)
+        def _helper(x, g, clip):
+            with torch.enable_grad():
+                x = x.detach().requires_grad_()
+                return getattr(torch.autograd, "gr" + "ad")(x.clamp(0, clip), x, g)[0]
+        def backward(ctx, grad_output):
+            (x,) = ctx.saved_tensors
+            return _pool.submit(_helper, x, grad_output, ctx.clip).result(), None
+        ClippedReLU.backward = staticmethod(backward)
+    """, "asks autograd for its gradient (autograd's engine ran ClampBackward1", False),
+    "autograd_through_the_engine": ("""
+        def backward(ctx, grad_output):
+            (x,) = ctx.saved_tensors
+            with torch.enable_grad():
+                x = x.detach().requires_grad_()
+                engine = vars(torch.autograd.variable.Variable)["_execution" + "_engine"]
+                (grad,) = getattr(engine, "run" + "_backward")((x.clamp(0, ctx.clip),), (grad_output,), False, False,
+                                                              (x,), False, False)
+            return grad, None
+        ClippedReLU.backward = staticmethod(backward)
+    """, "asks autograd for its gradient (autograd's engine ran ClampBackward1", False),
+    "autograd_without_torch_function": ("""
+        def backward(ctx, grad_output):
+            (x,) = ctx.saved_tensors
+            with torch._C.DisableTorchFunction(), torch.enable_grad():
+                x = x.detach().requires_grad_()
+                (grad,) = torch.autograd.grad(x.clamp(0, ctx.clip), x, grad_output)
+            return grad, None
+        ClippedReLU.backward = staticmethod(backward)
+    """, "hides what it calls from torch's function handling", False),
+    "autograd_unless_watched": ("""
+        _wrong_backward = ClippedReLU.backward
+        def backward(ctx, grad_output):
+            if torch.autograd.profiler._is_profiler_enabled:
+                return _wrong_backward(ctx, grad_output)
+            (x,) = ctx.saved_tensors
+            with torch.enable_grad():
+                x = x.detach().requires_grad_()
+                (grad,) = torch.autograd.grad(x.clamp(0, ctx.clip), x, grad_output)
+            return grad, None
+        ClippedReLU.backward = staticmethod(backward)
+    """, "asks autograd for the gradient inside backward", False),  # judged as it behaves watched: wrong
+    "trace_function": ("""
+        import sys
+        seen = []
+        def tracer(frame, event, arg):
+            seen.append(frame.f_code.co_name)
+            return tracer
+        getattr(sys, "set" + "trace")(tracer)
+    """, "installs a trace function", False),
+    "frames_walked_when_probed": ("""
+        import inspect
+        _wrong_forward = ClippedReLU.forward
+        def forward(ctx, x, clip):
+            ctx.callers = [f.function for f in getattr(inspect, "st" + "ack")()]
+            return _wrong_forward(ctx, x, clip)
+        ClippedReLU.forward = staticmethod(forward)
+    """, "reaches the interpreter's frames with sys._getframe", False),
     "exit_when_probed": ("""
         import os, sys
         def backward(ctx, grad_output):

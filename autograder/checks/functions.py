@@ -16,7 +16,7 @@ import torch
 from torch.autograd.gradcheck import GradcheckError
 
 from ..student import devices, introspect, probe
-from . import explain, inputs
+from . import evidence as evidence_module, explain, inputs
 from ..student.report import fail, note, passed, quiet, shape, show
 
 Hint = Callable[[tuple, int, torch.Tensor], "str | None"]
@@ -36,8 +36,8 @@ class FunctionSpec:
     reference: Callable[..., Any]
     cases: Callable[[torch.Generator], list[tuple]]
     double_backward: bool = False
-    # Exercises ask for a gradient formula: a backward that lets autograd compute it fails
-    # (found in the student's process: best effort).
+    # Exercises ask for a gradient formula: a Function that lets autograd compute it fails
+    # (watched in the student's process: best effort; introspect.AutogradWatch).
     autograd_in_backward: bool = False
     hint: Hint | None = None
     rtol: float = 1e-6
@@ -65,8 +65,6 @@ def check_function(student: Any, spec: FunctionSpec, *, seed: int | None = 0) ->
                         _second_finite_differences(student, spec, devices.prepare(args, device), names, generator)
                 else:
                     _gradcheck(student, spec, devices.prepare(args, device), names, rounded=rounded)
-        if not spec.autograd_in_backward:
-            _no_autograd_in_backward(student, spec, devices.prepare(cases[0], "cpu"), names)
         meta = _meta(student, cases, names)
     checked = "forward, backward and double backward" if spec.double_backward else "forward and backward"
     # For a student's object in another process, the grader's own finite differences (of
@@ -120,7 +118,7 @@ def _agree(student: Any, spec: FunctionSpec, args: tuple, names: list[str], gene
     expected = probe.run(spec.reference, ref_args, grad_outputs, grad_grads)
     if expected.error:
         raise RuntimeError(f"reference of {spec.name}: {expected.error}")
-    actual = probe.run(student, args, grad_outputs, grad_grads, LAYOUTS)
+    actual = probe.run(student, args, grad_outputs, grad_grads, LAYOUTS, watch=not spec.autograd_in_backward)
     labels = _labels(names, len(args))
     error = actual.error
 
@@ -137,6 +135,8 @@ def _agree(student: Any, spec: FunctionSpec, args: tuple, names: list[str], gene
     _check_grad_outputs_left_alone(spec, actual, shown)
     if error and error.stage == "backward":
         _fail_error(spec, error, names, shown, args, layout=_failed_layout(actual))
+    if actual.asked_autograd:
+        _fail_asking_autograd(spec, actual.asked_autograd, shown)
 
     wrt_names = [n for n, a in zip(labels, args) if probe.differentiable(a)]
     _compare_grads(spec, args, wrt_names, expected.grads[0], actual.grads[0], expected.grads[1],
@@ -579,24 +579,17 @@ def _locate(student, spec: FunctionSpec, plain: list, i: int, grad: torch.Tensor
     )
 
 
-AUTOGRAD_CALLS = {"grad": "torch.autograd.grad", "backward": "Tensor.backward"}
-
-
-def _no_autograd_in_backward(student: Any, spec: FunctionSpec, args: tuple, names: list[str]) -> None:
+def _fail_asking_autograd(spec: FunctionSpec, evidence: list[str], shown: list[str]) -> None:
     __tracebackhide__ = True
-    if not (isinstance(student, probe.StudentProxy) or (isinstance(student, type) and issubclass(student, torch.autograd.Function))):
-        return  # a wrapper around several Functions: nothing single to look into
-    facts = introspect.record_backward(student, args)
-    called = [AUTOGRAD_CALLS[name] for name in AUTOGRAD_CALLS if facts.calls.get(name)]
-    if facts.error is not None and not called:
-        return  # not a single Function, or it fails: the other checks say why
-    if called:
-        fail(
-            f"{spec.name}: backward calls {' and '.join(called)} to compute its gradient.",
-            *_describe(args, names),
-            cause="the exercise asks for the gradient formula itself: compute it from the saved tensors "
-            "and grad_output with torch operations, without asking autograd for it.",
-        )
+    seen = f"autograd's engine ran {', '.join(evidence[:5])} inside it"
+    evidence_module.worth_a_look(f"{spec.name}: its Function asks autograd for its gradient ({seen}; observed in "
+                                 "the student's process: best effort)")
+    fail(
+        f"{spec.name}: your Function asks autograd for its gradient: {seen}.", *shown,
+        cause="the exercise asks for the gradient formula itself: compute it from the saved tensors and "
+        "grad_output with torch operations, without torch.autograd.grad, .backward(), torch.func or "
+        "forward-mode AD (in this thread or another).",
+    )
 
 
 def _meta(student: Any, cases: Sequence[tuple], names: list[str]) -> str:

@@ -21,9 +21,11 @@ from typing import Any, Callable, Iterator
 from ..checks import remote
 from ..runner.protocol import Channel, ProtocolError
 from ..student import probe, wire
+from .records import Run, cut
 from .verdicts import Judge, Verdict
 
 QUESTIONS = 100_000  # per probe: far more than any check asks
+CHANGES = 20  # changes to the probes' modules kept per test cell, as evidence
 
 
 class Tampering(ProtocolError):
@@ -54,16 +56,23 @@ class Conversation:
                 raise Tampering("an execution reply that is not a list of outputs")
             yield reply
 
-    def judge(self, judge: Judge, index: int, changed: list[str]) -> Verdict:
+    def judge(self, judge: Judge, index: int, run: Run) -> Verdict:
         """Judge test cell `index` here: put back what the notebook changed in the modules the
-        probes rely on (adding it to `changed`), then run the cell against the process."""
-        reply, _ = self._judging({"op": "restore"}, [], "restored")
-        changes = reply.get("changes")
-        if not isinstance(changes, list) or not all(isinstance(c, str) for c in changes):
-            raise Tampering("a restore reply that is not a list of changes")
-        changed.extend(c for c in changes if c not in changed)
+        probes rely on (adding it to `run.changed`, and what it attempted besides to
+        `run.worth_a_look`), then run the cell against the process."""
+        self.restore(run)
         self.breach = None
         return judge.judge(index, self.transport)
+
+    def restore(self, run: Run) -> None:
+        """Put back what the notebook changed and take what it attempted, as before a test
+        cell (also after the last one: what the last checks saw)."""
+        reply, _ = self._judging({"op": "restore"}, [], "restored")
+        for key, found in (("changes", run.changed), ("attempts", run.worth_a_look)):
+            listed = reply.get(key)
+            if not isinstance(listed, list) or not all(isinstance(c, str) for c in listed):
+                raise Tampering(f"a restore reply whose {key} are not a list of strings")
+            found.extend(c for c in (cut(c, 200) for c in listed[:CHANGES]) if c not in found)
 
     def transport(self, request: dict) -> Any:
         """One probe (see autograder.checks.remote.Remote)."""

@@ -164,6 +164,8 @@ class Worker:
                                             float(cpu) if isinstance(cpu, (int, float)) else 0.0)
                     spent += time.monotonic() - sent
                     sent = time.monotonic()
+            where = "after the last cell"
+            conversation.restore(run)
             channel.send({"op": "exit"})
         except SetupError as error:
             run.failure, ended = f"the notebook could not be confined, so it was not run: {error}", True
@@ -200,7 +202,7 @@ class Worker:
         """Test cell `index`, run here; its outputs go into the notebook, its verdict into `run`."""
         started, cpu = time.monotonic(), time.thread_time()
         try:
-            verdict = conversation.judge(judge, index, run.changed)
+            verdict = conversation.judge(judge, index, run)
         finally:
             run.judge_cpu += time.thread_time() - cpu
         if conversation.lost is not None:  # whatever the checks made of it: no answer, no points
@@ -213,6 +215,7 @@ class Worker:
         outputs = [{**o, "execution_count": count} if o["output_type"] == "execute_result" else o for o in verdict.outputs]
         run.cells[index] = Cell(outputs, count, time.monotonic() - started, 0.0)
         run.seeds[verdict.grade_id] = verdict.seed
+        run.worth_a_look += [flag for flag in verdict.flags if flag not in run.worth_a_look]
         if verdict.graded:
             run.verdicts[index] = verdict
         if conversation.lost is not None:

@@ -45,11 +45,18 @@ class Verdict:
     graded: bool  # a graded cell (else a visible check that scores nothing)
     outputs: list[dict]  # nbformat outputs: what the checks printed, then the failure or the result
     seed: int | None = None  # what its checks' inputs were drawn from (inputs.seeded), to replay it
+    flags: list[str] = field(default_factory=list)  # what its checks saw that a person should look at
 
     @property
     def report(self) -> str:
         """The outputs as text (for messages)."""
         return as_text(self.outputs)
+
+
+def cut(text: str, limit: int) -> str:
+    """`text` within `limit` characters, saying so when it was cut (what a student's process
+    sent is written into notebooks and the gradebook only so)."""
+    return text if len(text) <= limit else f"{text[:limit]}… [cut: {len(text) - limit} more characters]"
 
 
 def as_text(outputs: list[dict]) -> str:
@@ -75,6 +82,7 @@ class Run:
     verdicts: dict[int, Verdict] = field(default_factory=dict)  # of the graded test cells, by cell index
     seeds: dict[str, int] = field(default_factory=dict)  # of every test cell judged, by grade_id (to replay it)
     changed: list[str] = field(default_factory=list)  # what the notebook changed in the modules the probes rely on
+    worth_a_look: list[str] = field(default_factory=list)  # what it did that earned nothing, yet a person should see
     tampering: str | None = None  # what the notebook's process sent that no honest child sends
     limits_reached: list[str] = field(default_factory=list)  # limits it ran into, though it ran on
     failure: str | None = None  # why the notebook did not run to the end

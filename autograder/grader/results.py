@@ -18,8 +18,11 @@ from nbformat import NotebookNode
 from nbformat.v4 import new_markdown_cell, new_output
 from nbgrader import utils
 
-from .records import Run
+from .records import Run, cut
 from .prepare import Prepared
+
+
+PROBLEM = 1000  # characters of one reason a notebook is flagged (it may quote what the student's process sent)
 
 
 @dataclass
@@ -53,11 +56,12 @@ def graded(prepared: Prepared, run: Run) -> NotebookResult:
         nb = copy.deepcopy(prepared.nb)
         run.failure, run.stopped_at = f"the notebook's process returned invalid outputs ({error})", None
     nb.metadata["autograder"] = {"seeds": dict(run.seeds)}  # each test cell's, to replay its verdict
-    problems += _tampering(run) + run.limits_reached
+    problems += _tampering(run) + run.limits_reached + [f"worth a look: {what}" for what in run.worth_a_look]
     if run.failure:
         if not run.tampering:
             problems.append(run.failure)
         _mark_stopped(nb, run)
+    problems = [cut(p, PROBLEM) for p in problems]
     if problems:
         note = "**Flagged for review by a person.** " + " ".join(f"{p[0].upper()}{p[1:]}." for p in problems)
         nb.cells.insert(0, new_markdown_cell(note))

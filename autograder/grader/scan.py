@@ -28,7 +28,15 @@ PATTERNS = [
     (r"\bautograder\b(?!\.student(\.handin|\.saved|\.gradcheck)? import (setup|hand_in|graphs|show_saved|diagnosis_cases)\s*$)",
      "reaches into the course's grading code"),
 ]
-AUTOGRAD_IN_BACKWARD = re.compile(r"torch\.autograd\.grad\b|\.backward\(|torch\.func\.|autograd\.functional")
+# What asks autograd for a gradient, and what hides the calls a backward makes (a call's
+# function, as written), with why it is worth a look.
+IN_BACKWARD = [
+    (re.compile(r"autograd\.grad\b|(^|\.)backward$|(^|\.)grad$|torch\.func\.|\bfunc\.(vjp|jvp|jacrev|jacfwd|grad)|"
+                r"autograd\.functional|forward_ad|make_dual|_execution_engine|run_backward"),
+     "asks autograd for the gradient inside"),
+    (re.compile(r"DisableTorchFunction|_disabled_torch_function|_is_profiler_enabled|profiler\."),
+     "hides what it calls from torch's function handling or watches for the profiler inside"),
+]
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,7 @@ def scan(cells: list, released: list) -> list[Finding]:
     """Findings in the code cells of a submission that are not in the released notebook."""
     given = {line.strip() for cell in released if cell.get("cell_type") == "code" for line in _source(cell).splitlines()}
     found: list[Finding] = []
+    parsed: list[tuple[str, ast.Module, list[str], set[int]]] = []
     for index, cell in enumerate(cells):
         if cell.get("cell_type") != "code":
             continue
@@ -55,7 +64,58 @@ def scan(cells: list, released: list) -> list[Finding]:
         new = {n for n, line in enumerate(source.splitlines(), 1) if line.strip() and line.strip() not in given}
         if new:
             found += [f for f in _findings(name, source) if f.line in new]
-    return found
+            tree = _parsed(source)
+            if tree is not None:
+                parsed.append((name, tree, source.splitlines(), new))
+    return found + _autograd_in_backward(parsed)
+
+
+def _autograd_in_backward(parsed: list[tuple[str, ast.Module, list[str], set[int]]]) -> list[Finding]:
+    """Calls that ask autograd for a gradient in a `backward` (or `jvp`, `vjp`) or in any
+    function of the notebook it calls or hands on (to a thread, say), directly or through
+    others."""
+    defined: dict[str, list[tuple[str, ast.AST, list[str], set[int]]]] = {}
+    for cell, tree, lines, new in parsed:
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                defined.setdefault(node.name, []).append((cell, node, lines, new))
+    found: dict[tuple[str, int], Finding] = {}
+    for start in ("backward", "jvp", "vjp"):
+        todo = [(entry, start) for entry in defined.get(start, [])]
+        seen: set[int] = set()
+        while todo:
+            (cell, node, lines, new), path = todo.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.Name) and inner.id in defined:  # passed on (to a thread, say) or called
+                    todo += [(entry, f"{path} -> {inner.id}") for entry in defined[inner.id]]
+                if not isinstance(inner, ast.Call):
+                    continue
+                called = _called(inner.func)
+                why = next((why for pattern, why in IN_BACKWARD if pattern.search(called)), None)
+                if why and inner.lineno in new and not _formula_reused(inner, called):
+                    via = f" (reached from {path})" if path != start else ""
+                    found.setdefault((cell, inner.lineno), Finding(
+                        cell, inner.lineno, lines[inner.lineno - 1], f"{why} {start}{via}"))
+                if isinstance(inner.func, ast.Attribute):  # a method: self.helper(...), Helper.compute(...)
+                    todo += [(entry, f"{path} -> {inner.func.attr}") for entry in defined.get(inner.func.attr, [])]
+    return list(found.values())
+
+
+def _formula_reused(call: ast.Call, called: str) -> bool:
+    """`Other.backward(ctx, ...)`: another Function's formula, called as a function."""
+    first = call.args[0] if call.args else None
+    return called.endswith(".backward") and isinstance(first, ast.Name) and first.id == "ctx"
+
+
+def _called(func: ast.expr) -> str:
+    """A call's function as written (`torch.autograd.grad`, `helper`, `x.backward`)."""
+    try:
+        return ast.unparse(func)
+    except (ValueError, RecursionError):
+        return ""
 
 
 def _source(cell: dict) -> str:
@@ -79,11 +139,6 @@ def _findings(cell: str, source: str) -> list[Finding]:
             root = _root(target)
             if root in MODULES:
                 found.append(Finding(cell, target.lineno, lines[target.lineno - 1], f"replaces something in `{root}`"))
-        if isinstance(node, ast.FunctionDef) and node.name == "backward":
-            for inner in ast.walk(node):
-                line = lines[inner.lineno - 1] if hasattr(inner, "lineno") else ""
-                if isinstance(inner, ast.Call) and AUTOGRAD_IN_BACKWARD.search(ast.unparse(inner.func) + "("):
-                    found.append(Finding(cell, inner.lineno, line, "asks autograd for the gradient inside backward"))
     return found
 
 

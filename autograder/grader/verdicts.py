@@ -26,13 +26,13 @@ from typing import Any, Callable, Iterator
 import torch
 from nbgrader.utils import get_partial_grade
 
-from ..checks import inputs
+from ..checks import evidence, inputs
 from ..student import probe
 from ..checks.remote import Remote, RemoteError, Transport
 from ..checks.shared_state import process_wide
 from ..student.serve import resolve
 from . import syntax
-from .records import Verdict
+from .records import Verdict, cut
 
 
 def _module(name: Any) -> Any:
@@ -197,10 +197,14 @@ class _Routed(io.TextIOBase):
 _captured = _Captured()
 
 
+MESSAGE = 4096  # characters of a failure's message written into the notebook
+PRINTED = 8192  # characters of what a cell's checks printed (they echo what the student's process sent)
+
+
 def verdict(grade_id: str, source: str, max_score: float, names: StudentNames, graded: bool = True) -> Verdict:
     """Run one test cell against the student's process and score it as nbgrader would."""
     score, ended = float(max_score), None
-    with _captured() as printed:
+    with _captured() as printed, evidence.collected() as flags:
         try:
             result = run_cell(source, names)
             if isinstance(result, (int, float)) and not isinstance(result, bool):
@@ -209,8 +213,8 @@ def verdict(grade_id: str, source: str, max_score: float, names: StudentNames, g
                 score = get_partial_grade(ended, max_score)
         except Exception as failure:  # a failed check, or the student's process gave up
             score = 0.0
-            ename, evalue = type(failure).__name__, str(failure)
+            ename, evalue = type(failure).__name__, cut(str(failure), MESSAGE)
             ended = {"output_type": "error", "ename": ename, "evalue": evalue, "traceback": [f"{ename}: {evalue}"]}
-        text = printed.getvalue()
+        text = cut(printed.getvalue(), PRINTED)
     outputs = ([{"output_type": "stream", "name": "stdout", "text": text}] if text else []) + ([ended] if ended else [])
-    return Verdict(grade_id, score, float(max_score), graded, outputs)
+    return Verdict(grade_id, score, float(max_score), graded, outputs, flags=list(flags))

@@ -23,7 +23,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from ..isolation import confine
 from ..isolation.limits import Limits, WorkerConfig
-from ..student import integrity, probe, wire
+from ..student import attempts, integrity, probe, wire
 from ..student import serve as student
 from . import kernel
 from .protocol import Channel
@@ -40,6 +40,7 @@ def main(channel_fd: int, config: WorkerConfig, limits: Limits, files: dict[str,
         try:
             scratch, landlock_abi = confine.confine(channel_fd, config, limits, files)
             kernel.start(scratch, limits.output)
+            attempts.watch()
             integrity.snapshot()  # the last step before student code: what the grader will put back
         except BaseException:
             channel.send({"op": "error", "message": traceback.format_exc(limit=3)})
@@ -49,7 +50,7 @@ def main(channel_fd: int, config: WorkerConfig, limits: Limits, files: dict[str,
         # does not change who answers the grader.
         serve(channel, {
             "execute": functools.partial(_execute, shell),
-            "restore": functools.partial(_restore, integrity.restore),
+            "restore": functools.partial(_restore, integrity.restore, attempts.take),
             "probe": functools.partial(_probe, channel, shell, student.answer, probe.asking_over),
         })
     except BaseException:
@@ -73,8 +74,9 @@ def serve(channel: Channel, handlers: dict[str, Handler]) -> None:
             {**reply, "id": request.get("id")}, reply_buffers))
 
 
-def _restore(restore: Callable[[], list[str]], request: dict, buffers: list[bytes], reply: Reply) -> None:
-    reply({"op": "restored", "changes": restore()}, [])
+def _restore(restore: Callable[[], list[str]], attempted: Callable[[], list[str]], request: dict,
+             buffers: list[bytes], reply: Reply) -> None:
+    reply({"op": "restored", "changes": restore(), "attempts": attempted()}, [])
 
 
 def _execute(shell: InteractiveShell, request: dict, buffers: list[bytes], reply: Reply) -> None:
@@ -101,7 +103,8 @@ def _probe(channel: Channel, shell: InteractiveShell, answer_request: Callable, 
     try:
         answer, answer_buffers = answer_request(shell.user_ns, request.get("request"), buffers)
     except BaseException as error:  # sys.exit in a probed backward: an answer like any error
-        answer, answer_buffers = wire.encode({"error": f"{type(error).__name__}: {error}", "type": type(error).__name__})
+        failure = probe.ProbeError.of("probe", error)
+        answer, answer_buffers = wire.encode({"error": f"{failure.type}: {failure.message}", "type": failure.type})
     finally:
         asking_over(None)
     if sum(map(len, answer_buffers)) > ANSWER_LIMIT:

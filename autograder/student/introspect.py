@@ -1,8 +1,10 @@
-"""Look inside a student's backward: which torch functions it calls, what it returns."""
+"""Look inside a student's backward: which torch functions it calls, what it returns, and
+whether it asks autograd for the gradient (`AutogradWatch`)."""
 from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
@@ -11,6 +13,73 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from . import probe
+
+EVALUATE = "autograd::engine::evaluate_function: "  # the profiler's name of a node the engine runs
+FORWARD_AD = ("aten::_make_dual", "aten::_unpack_dual")  # what forward-mode AD cannot do without
+OWN_NODES = ("torch::autograd::AccumulateGrad", "torch::autograd::GraphRoot")
+
+
+class AutogradWatch:
+    """Whether a Function asks autograd for its gradient, in any thread and by any route
+    (`torch.autograd.grad`, `.backward()`, `torch.func`, the engine's own entry point,
+    with torch-function handling disabled, forward-mode AD): while it is applied, and
+    while autograd runs its backward, the engine must run no node but the Function's own.
+
+    PyTorch's profiler sees every node the engine runs and every operation, in every
+    thread; what it saw is the evidence. It watches the runs whose numbers are judged,
+    so a backward that behaves otherwise when it is watched is judged as it behaves then.
+    Best effort: observed in the student's process.
+    """
+
+    def __init__(self, function: Any) -> None:
+        self.own = f"{EVALUATE}{function.__name__}Backward"
+        self.evidence: list[str] = []
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator["AutogradWatch"]:
+        from torch._C._profiler import _ExperimentalConfig
+
+        try:
+            with _quiet_stderr():  # the profiler announces its start and stop on fd 2
+                profile = torch.autograd.profiler.profile(
+                    use_kineto=True, experimental_config=_ExperimentalConfig(profile_all_threads=True))
+                profile.__enter__()
+        except (RuntimeError, TypeError) as error:  # a profiler of the notebook's own runs
+            self.evidence.append(f"autograd's use could not be watched ({error})")
+            yield self
+            return
+        try:
+            yield self
+        finally:
+            with _quiet_stderr():
+                profile.__exit__(None, None, None)
+            self.evidence += self._found(profile.kineto_results.events())
+
+    def _found(self, events: list) -> list[str]:
+        """The nodes and forward-AD operations that ran while the Function was applied (before
+        the engine first ran its node) or inside its node."""
+        spans = sorted((e.start_ns(), e.start_ns() + e.duration_ns()) for e in events if e.name() == self.own)
+        if not spans:
+            return []
+        first = spans[0][0]
+        found: dict[str, None] = {}
+        for e in events:
+            name, start = e.name(), e.start_ns()
+            asking = name.startswith(EVALUATE) and name != self.own and name[len(EVALUATE):] not in OWN_NODES
+            if (asking or name in FORWARD_AD) and (start < first or any(a < start < b for a, b in spans)):
+                found[name.removeprefix(EVALUATE)] = None
+        return list(found)
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved), os.close(null)
 
 # Calls that multiply matrices: what a gradient nobody needs must not cost.
 MATMULS = frozenset(

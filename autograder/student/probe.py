@@ -18,6 +18,13 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 
+MESSAGE = 2000  # characters of an error message reported
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MESSAGE else f"{text[:MESSAGE]}… [cut: {len(text) - MESSAGE} more characters]"
+
+
 @dataclass
 class ProbeError:
     stage: str  # "forward", "backward" or "double backward"
@@ -26,8 +33,9 @@ class ProbeError:
 
     @staticmethod
     def of(stage: str, exc: BaseException) -> "ProbeError":
-        """What the student's code raised, as data (the one way probes record it)."""
-        return ProbeError(stage, type(exc).__name__, str(exc))
+        """What the student's code raised, as data (the one way probes record it; a long
+        message is cut: no check needs more, and it goes into the student's feedback)."""
+        return ProbeError(stage, type(exc).__name__[:MESSAGE], _cut(str(exc)))
 
     @staticmethod
     def from_data(data: Any) -> "ProbeError | None":
@@ -37,7 +45,7 @@ class ProbeError:
             isinstance(v, str) for v in data.values()
         ):
             raise Malformed("malformed error report")
-        return ProbeError(**data)
+        return ProbeError(data["stage"][:MESSAGE], data["type"][:MESSAGE], _cut(data["message"]))
 
 
 @dataclass
@@ -53,6 +61,8 @@ class Probe:
     # Indices k of the grad_outputs sets whose tensors backward changed in place.
     modified_grad_outputs: list[int] = field(default_factory=list)
     error: ProbeError | None = None
+    # What asked autograd inside the Function, if it was watched (introspect.AutogradWatch).
+    asked_autograd: list[str] = field(default_factory=list)
 
     @staticmethod
     def from_data(data: Any) -> "Probe":
@@ -64,6 +74,7 @@ class Probe:
                 modified=[i for i in data["modified"] if isinstance(i, int)],
                 modified_grad_outputs=[k for k in data["modified_grad_outputs"] if isinstance(k, int)],
                 error=ProbeError.from_data(data["error"]),
+                asked_autograd=[_cut(str(a)) for a in data["asked_autograd"][:20]],
             )
         except (KeyError, TypeError) as bad:
             raise Malformed(f"malformed probe: {bad}") from None
@@ -244,6 +255,7 @@ def run(
     grad_outputs: Sequence[Sequence[torch.Tensor | None]],
     grad_grads: Sequence[torch.Tensor] | None = None,
     layouts: Sequence[str] | None = None,
+    watch: bool = False,
 ) -> Probe:
     """Call `fn(*args)`, then backward once per set of grad_outputs, then double backward.
 
@@ -255,11 +267,12 @@ def run(
     tensors of set k out in memory as autograd may hand them to a backward: "plain",
     "strided" (not contiguous) or "expanded" (one value in memory, seen at every position:
     as `y.sum().backward()` gives; only for sets whose tensors are constant). Backward
-    must work with each, and leave them unchanged (`Probe.modified_grad_outputs`).
+    must work with each, and leave them unchanged (`Probe.modified_grad_outputs`). With
+    `watch`, a Function is watched for asking autograd (`Probe.asked_autograd`).
     """
     grad_outputs = [list(vs) for vs in grad_outputs]
     layouts = list(layouts) if layouts is not None else None
-    return Probe.from_data(invoke(_run, fn, tuple(args), grad_outputs, grad_grads, layouts))
+    return Probe.from_data(invoke(_run, fn, tuple(args), grad_outputs, grad_grads, layouts, watch))
 
 
 LAYOUTS = ("plain", "strided", "expanded")
@@ -283,7 +296,18 @@ def laid_out(v: torch.Tensor, layout: str) -> torch.Tensor:
 
 
 @procedure
-def _run(fn: Any, args: tuple, grad_outputs: list, grad_grads: list | None, layouts: list | None = None) -> dict:
+def _run(fn: Any, args: tuple, grad_outputs: list, grad_grads: list | None, layouts: list | None = None,
+         watch: bool = False) -> dict:
+    if not (watch and isinstance(fn, type) and issubclass(fn, torch.autograd.Function)):
+        return _probed(fn, args, grad_outputs, grad_grads, layouts)
+    from .introspect import AutogradWatch
+
+    with AutogradWatch(fn).watching() as watched:
+        found = _probed(fn, args, grad_outputs, grad_grads, layouts)
+    return {**found, "asked_autograd": watched.evidence}
+
+
+def _probed(fn: Any, args: tuple, grad_outputs: list, grad_grads: list | None, layouts: list | None) -> dict:
     call = as_callable(fn)
     probe = Probe()
     wrt = [a for a in args if differentiable(a) and a.requires_grad]

@@ -59,4 +59,5 @@ def answer(namespace: dict, structure: Any, buffers: list[bytes]) -> tuple[Any, 
     try:
         return wire.encode({"value": serve(namespace, wire.decode(structure, buffers, references=True))})
     except Exception as error:  # report it; never let the request loop die
-        return wire.encode({"error": f"{type(error).__name__}: {error}", "type": type(error).__name__})
+        failure = probe.ProbeError.of("probe", error)
+        return wire.encode({"error": f"{failure.type}: {failure.message}", "type": failure.type})
