@@ -73,15 +73,16 @@ class Backward:
     kept: list[Kept] = field(default_factory=list)  # alive after backward, once the caller let go of all
 
 
-def observe(fn: Any, args: Sequence[Any], *, copy: bool = False) -> tuple[Recording, Backward]:
+def observe(fn: Any, args: Sequence[Any], *, copy: bool = False, strided: bool = False) -> tuple[Recording, Backward]:
     """`record(fn, *args)` in the process where `fn` is (on non-leaf copies of the tensor
-    arguments with `copy`), then one backward there with seeded gradients. The recording
+    arguments with `copy`, on copies that are not contiguous with `strided`), then one
+    backward there with seeded gradients. The recording
     holds copies of the saved tensors taken before backward. Raises probe.StudentError if
     forward raised.
 
     When `fn` is a proxy, all of it is reported by the student's process: best effort.
     """
-    data = probe.invoke(recorded, fn, tuple(args), copy)
+    data = probe.invoke(recorded, fn, tuple(args), copy, strided)
     try:
         error = probe.ProbeError.from_data(data["error"])
         if error is not None:

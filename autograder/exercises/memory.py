@@ -71,22 +71,22 @@ def _what(s: Saved, recording: Recording, names: Names) -> str:
     return f"{names.of(s, recording)}, {_dtype(s.tensor)} of shape {s.shape}, {s.nbytes} bytes"
 
 
-def judge_budget(student: Any, budget: Budget, args: tuple) -> Recording:
-    """Call the student's Function once on `args` (their requires_grad as given) and run
-    backward; fail if it stashed a tensor on ctx, kept memory alive anywhere else, saved a
-    tensor backward does not need, saved more bytes than the budget, or changed a saved
-    tensor or grad_output."""
+def judge_budget(student: Any, budget: Budget, args: tuple, *, strided: bool = False) -> Recording:
+    """Call the student's Function once on `args` (their requires_grad as given; in memory
+    that is not contiguous with `strided`) and run backward; fail if it stashed a tensor on
+    ctx, kept memory alive anywhere else, saved a tensor backward does not need, saved more
+    bytes than the budget, or changed a saved tensor or grad_output."""
     __tracebackhide__ = True
     names = budget.names if budget.names.args else replace(budget.names, args=probe.argument_names(student))
     needs = tuple(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+    shapes = ", ".join(f"{n} of shape {tuple(a.shape)}" for n, a in zip(names.args, args) if isinstance(a, torch.Tensor))
+    context = [f"inputs: {shapes}{' (not contiguous in memory)' if strided else ''}; {_requires(names.args, args)}"]
     with quiet():
         try:
-            recording, backward = observe(student, args)
+            recording, backward = observe(student, args, strided=strided)
         except probe.StudentError as exc:
             what, cause = explain.error("forward", exc.type, exc.message, list(names.args))
-            fail(f"{budget.name}: {what}.", cause=cause)
-    shapes = ", ".join(f"{n} of shape {tuple(a.shape)}" for n, a in zip(names.args, args) if isinstance(a, torch.Tensor))
-    context = [f"inputs: {shapes}; {_requires(names.args, args)}"]
+            fail(f"{budget.name}: {what}.", *context, cause=_layout_cause(exc.message, strided) or cause)
     listing = "saved for backward: " + (", ".join(describe(s, recording, names) for s in recording.saved) or "nothing")
     for path, s in recording.stashed.items():
         if not budget.on_ctx(s):
@@ -106,11 +106,60 @@ def judge_budget(student: Any, budget: Budget, args: tuple) -> Recording:
         fail(f"{budget.name} saves {recording.nbytes} bytes, more than its budget of {limit}; "
              f"{needed} is all backward needs.", *context, listing,
              cause="each tensor backward reads once, and nothing else: no copies, no second mask.")
-    if backward.error is not None and budget.backward_cause(backward.error):
+    if backward.error is not None and (budget.backward_cause(backward.error)
+                                       or _layout_cause(backward.error.message, strided)):
         what, _ = explain.error("backward", backward.error.type, backward.error.message, list(names.args))
-        fail(f"{budget.name}: {what}.", *context, cause=budget.backward_cause(backward.error))
+        fail(f"{budget.name}: {what}.", *context,
+             cause=budget.backward_cause(backward.error) or _layout_cause(backward.error.message, strided))
     check_backward_left_alone(budget.name, recording, backward, names)
     return recording
+
+
+def _layout_cause(message: str, strided: bool) -> str | None:
+    if strided and "view size is not compatible" in message:
+        return ("`.view` needs memory laid out to match, and a tensor's memory need not be contiguous (a transpose, "
+                "a slice, a batch taken with a step): use `.reshape`, or work on the tensor's own shape.")
+    return None
+
+
+def _check_at_special_points(student: Any, name: str, reference: Callable[..., torch.Tensor], args: tuple,
+                             arg_names: Sequence[str], special: str, *, gradient: bool) -> None:
+    """Forward (and with `gradient`, the gradient of the sum where the reference's has a value:
+    not at a kink) at special points the random inputs never hit: exact zeros, kinks, large
+    magnitudes. Forward only where a kink is in every entry's way (a matmul mixes them)."""
+    __tracebackhide__ = True
+    call = tuple(a.detach().clone().requires_grad_(gradient and a.is_floating_point())
+                 if isinstance(a, torch.Tensor) else a for a in args)
+    want_out = reference(*call)
+    want = torch.autograd.grad(want_out.sum(), call[0])[0] if gradient else None
+    with quiet():
+        if gradient:
+            found = probe.run(student, call, [[torch.ones_like(want_out)]])
+            error, outputs = found.error, found.outputs
+        else:
+            result = probe.forward_many(student, [call])[0]
+            error, outputs = (result, []) if isinstance(result, probe.ProbeError) else (None, result)
+    shown = [f"{n} = {show(a)}" for n, a in zip(arg_names, args)] + [special]
+    if error is not None:
+        what, cause = explain.error(error.stage, error.type, error.message, list(arg_names))
+        fail(f"{name}: {what}.", *shown, cause=cause)
+    got = outputs[0] if outputs else None
+    if got is None or got.shape != want_out.shape or not torch.allclose(got.cpu(), want_out.detach(), rtol=1e-6,
+                                                                        atol=1e-9):
+        fail(f"{name}: wrong output at the special points.", *shown, f"expected {show(want_out)}",
+             f"actual   {show(got)}",
+             cause="the formula must hold exactly at 0 and for any magnitude: pick between the two linear pieces "
+             "(torch.where, a mask), rather than blend them with a function that rounds, overflows or flips sign.")
+    if gradient:
+        x = call[0].detach()
+        grad = found.grads[0][0] if found.grads and found.grads[0] else None
+        defined = x != 0  # at the kink itself the derivative has no value to compare
+        if grad is None or grad.shape != want.shape or not torch.allclose(grad.cpu()[defined], want[defined],
+                                                                           rtol=1e-6, atol=1e-9):
+            fail(f"{name}: wrong gradient at the special points (x = 0 excepted, a kink).", *shown,
+                 f"expected {show(want)}", f"actual   {show(grad)}",
+                 cause="the derivative is 1 where x > 0 and negative_slope where x < 0, whatever |x|.")
+    passed(f"{name}: {special}: {'output and gradient' if gradient else 'output'} as expected.")
 
 
 def _one_byte(s: Saved) -> bool:
@@ -161,6 +210,7 @@ def _leaky_cases(shapes: Sequence[Sequence[int]], slopes: Sequence[float]) -> Ca
 
 
 LEAKY_RELU = FunctionSpec(name="LeakyReLU", reference=F.leaky_relu, cases=_leaky_cases([(2, 3), (5,)], [0.1, 0.2]))
+LEAKY_SPECIAL = (0.0, -0.0, 1e-8, -1e-8, 1e300, -1e300)  # the kink exactly, beside it, and far from it
 
 
 def check_leaky_relu(student: Any, *, shapes: Sequence[Sequence[int]] = ((2, 3), (5,)),
@@ -168,12 +218,17 @@ def check_leaky_relu(student: Any, *, shapes: Sequence[Sequence[int]] = ((2, 3),
     """LeakyReLU(x, negative_slope), saving at most one byte per element of x: a bool mask."""
     __tracebackhide__ = True
     cases = _leaky_cases(shapes, slopes)
+    generator = inputs.generator(seed)
     for device in devices.available():
-        for args in cases(inputs.generator(seed)):
-            recording = judge_budget(student, LEAKY_BUDGET, _prepare(args, device, [True, False]))
+        for i, args in enumerate(cases(generator)):
+            recording = judge_budget(student, LEAKY_BUDGET, _prepare(args, device, [True, False]), strided=i == 0)
     x = recording.args[0]
     passed(f"LeakyReLU saves {recording.nbytes} bytes for x of shape {tuple(x.shape)} ({_dtype(x)}: "
-           f"{memory.nbytes(x)} bytes), within its budget of one byte per element; nothing on ctx.")
+           f"{memory.nbytes(x)} bytes), within its budget of one byte per element; nothing on ctx nor anywhere else "
+           f"after forward or backward (also for an x that is not contiguous in memory).")
+    special = inputs.including(inputs.uniform((2, 4), generator), LEAKY_SPECIAL)
+    _check_at_special_points(student, "LeakyReLU", F.leaky_relu, (special, float(slopes[0])), ("x", "negative_slope"),
+                             "x holds 0 and -0 exactly, ±1e-8 and ±1e300", gradient=True)
     check_function(student, replace(LEAKY_RELU, cases=cases), seed=seed)
 
 
@@ -282,20 +337,34 @@ def check_linear_relu(student: Any, *, shapes: Sequence[Sequence[int]] = ((4, 3,
     gradients that are needed read, and a bool mask; no matmul recomputed in backward."""
     __tracebackhide__ = True
     cases = _linear_relu_cases(shapes)
+    generator = inputs.generator(seed)
     for device in devices.available():
-        for args in cases(inputs.generator(seed)):
+        for i, args in enumerate(cases(generator)):
             for needs in LINEAR_NEEDS:
                 call = _prepare(args, device, needs)
-                recording = judge_budget(student, LINEAR_RELU_BUDGET, call)
+                recording = judge_budget(student, LINEAR_RELU_BUDGET, call, strided=i == 0 and all(needs))
                 _check_linear_grads(student, call, needs)
                 _check_no_recompute(student, call, needs)
     x, weight = recording.args[0], recording.args[1]
     passed(
         f"LinearReLU saves only what each needed gradient reads, plus a 1-byte mask, for a hidden layer, a "
         f"first layer and a frozen layer (x {tuple(x.shape)}, weight {tuple(weight.shape)}: {recording.nbytes} "
-        "bytes when only x needs a gradient); nothing on ctx; no matmul recomputed in backward."
+        "bytes when only x needs a gradient); nothing on ctx nor anywhere else after forward or backward (also "
+        "for inputs that are not contiguous in memory); no matmul recomputed in backward."
     )
+    _check_at_special_points(student, "LinearReLU", _linear_relu, _linear_special(generator), LINEAR_NAMES,
+                             "z = x @ weight.T + bias is exactly 0 at [0, 0], and about ±1e150 in row 1",
+                             gradient=False)
     check_function(student, replace(LINEAR_RELU, cases=cases), seed=seed)
+
+
+def _linear_special(generator: torch.Generator) -> tuple:
+    """(x, weight, bias) where z is exactly 0 in one entry (x's row 0 and bias[0] are 0: ReLU's
+    kink) and huge in row 1."""
+    x, weight, bias = inputs.normal((3, 4), generator), inputs.normal((2, 4), generator), inputs.normal((2,), generator)
+    x[0] = 0.0
+    x[1] *= 1e150
+    return x, weight, inputs.including(bias, [0.0])
 
 
 def _check_linear_grads(student: Any, call: tuple, needs: Needs) -> None:
@@ -501,7 +570,8 @@ def _check_checkpointing(kind: Checkpointing, student: Any, shapes: Sequence[Seq
             for block in ("residual_tanh", "scaled_sin"):
                 args = _block_args(block, batch, width, generator)
                 call = _prepare(args, device, [True] * len(args))
-                judge_budget(_WithBlock(student, BLOCKS[block][0]), kind.budget(_block_names(block)), call)
+                judge_budget(_WithBlock(student, BLOCKS[block][0]), kind.budget(_block_names(block)), call,
+                             strided=block == "residual_tanh")
         for device in devices.available():
             args = _block_args("residual_dropout", batch, width, generator)
             for needs in CHECKPOINT_NEEDS:

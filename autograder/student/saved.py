@@ -408,24 +408,38 @@ def non_leaf(args: Sequence[Any]) -> tuple:
     return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
 
 
+def not_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """A copy of `t` (which must not require grad) in memory that is not contiguous: the
+    layout of a transpose (two dimensions or more), or every other element of a buffer twice
+    the size (one dimension)."""
+    if t.dim() >= 2:
+        return t.mT.clone(memory_format=torch.contiguous_format).mT
+    if t.dim() == 1 and t.device.type != "meta":
+        strided = t.new_empty(2 * t.numel())[::2]
+        return strided.copy_(t)
+    return t.clone()  # a copy all the same: one number has no layout
+
+
 @probe.procedure
-def recorded(fn: Any, args: tuple, copy: bool) -> dict:
-    """Record `fn(*args)` on copies of the arguments (non-leaf ones with `copy`), then run
-    backward once, and list what the call still keeps alive after forward and after
-    backward; plain data, reported by the process that ran `fn` (best effort).
+def recorded(fn: Any, args: tuple, copy: bool, strided: bool = False) -> dict:
+    """Record `fn(*args)` on copies of the arguments (non-leaf ones with `copy`; not
+    contiguous with `strided`), then run backward once, and list what the call still keeps
+    alive after forward and after backward; plain data, reported by the process that ran
+    `fn` (best effort).
 
     A call found keeping memory at a quick look is made once more, and the second call is
     reported, looked at thoroughly (`Watch.alive`): a cache filled once is not a leak, a
     reference every call leaves behind is."""
-    report = _recorded_once(fn, args, copy, thorough=False)
+    report = _recorded_once(fn, args, copy, strided, thorough=False)
     if report["error"] is None and (report["recording"]["kept"] or report["backward"]["kept"]):
-        report = _recorded_once(fn, args, copy, thorough=True)
+        report = _recorded_once(fn, args, copy, strided, thorough=True)
     return report
 
 
-def _recorded_once(fn: Any, args: tuple, copy: bool, thorough: bool) -> dict:
+def _recorded_once(fn: Any, args: tuple, copy: bool, strided: bool, thorough: bool) -> dict:
     # Copies nobody else holds: what outlives the call is kept by the call.
-    args = tuple(a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
+    layout = not_contiguous if strided else torch.Tensor.clone
+    args = tuple(layout(a.detach()).requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
                  for a in args)
     if copy:
         args = non_leaf(args)

@@ -21,6 +21,11 @@ MUTANTS = [
     wrong("leaky_relu", "scales grad_output in place (the guide's CustomReLU without its clone)",
           ("return torch.where(positive, grad_output, grad_output * ctx.negative_slope), None",
            "grad_output[~positive] *= ctx.negative_slope\n        return grad_output, None")),
+    wrong("leaky_relu", "blends the two pieces with a steep sigmoid (right far from 0, wrong beside it)",
+          ("return torch.where(positive, x, x * negative_slope)",
+           "return x * (negative_slope + (1 - negative_slope) * torch.sigmoid(x * 1e6))")),
+    wrong("leaky_relu", "views x as flat (fails when x is not contiguous)",
+          ("positive = x > 0", "positive = (x.view(-1) > 0).view(x.shape)")),
     wrong("leaky_relu", "no None for negative_slope (one gradient for two inputs)",
           ("grad_output * ctx.negative_slope), None", "grad_output * ctx.negative_slope)")),
     # LinearReLU
