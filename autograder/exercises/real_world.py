@@ -80,8 +80,8 @@ def _swish_hint(args: tuple, i: int, wrong: torch.Tensor) -> str:
     else:
         where = torch.ones_like(z, dtype=torch.bool)  # each entry of beta gathers many entries of x
         formula = (
-            "with s = σ(βx): dy/dβ = x²·s(1 − s) at each entry; beta was broadcast over x, so sum that over "
-            "the dims beta was broadcast along: `(grad_output * x * x * s * (1 - s)).sum_to_size(beta.shape)`."
+            "with s = σ(βx): dy/dβ = x²·s(1 − s) at each entry; beta was broadcast over x, so sum grad_output "
+            "times that over the dims beta was broadcast along, down to beta's shape (`.sum_to_size`)."
         )
     if bool((z[where].abs() > 30).any()):
         formula += (f" Here |βx| reaches {float(z.abs().max()):.0f}: exp(±βx) overflows to inf there "
@@ -335,7 +335,7 @@ def _reverse_once(student: Any, args: tuple, g: torch.Tensor, u: torch.Tensor, n
     if result.error is not None:
         what, cause = explain.error(result.error.stage, result.error.type, result.error.message, names)
         fail(f"GradReverse: {what}.", *shown,
-             cause=cause or "backward must be a differentiable torch computation: `-ctx.alpha * grad_output`.")
+             cause=cause or "backward must be a differentiable torch computation on grad_output.")
     second_x, second_g = (result.grads2 or [None, None])[:2]
     if (second_x is not None and bool(second_x.any())) or second_g is None or not torch.allclose(
         second_g.to(u.device), -alpha * u, rtol=1e-12, atol=1e-12
@@ -344,7 +344,7 @@ def _reverse_once(student: Any, args: tuple, g: torch.Tensor, u: torch.Tensor, n
             "GradReverse: double backward is wrong: the gradient of your gradient with respect to grad_output "
             "should be −α times the incoming vector.", *shown,
             f"expected {show(-alpha * u)}", f"actual   {'zero (not connected)' if second_g is None else show(second_g)}",
-            cause="compute the gradient with a torch operation on grad_output (`-ctx.alpha * grad_output`), "
+            cause="compute the gradient with torch operations on grad_output (−α times it), "
             "not with .detach(), NumPy or @once_differentiable.",
         )
 
@@ -573,8 +573,8 @@ def _judge_structure(replaced: list[str], swish_calls: int, betas: list[tuple], 
     for shape, parameter, requires_grad in betas:
         if shape != (HIDDEN,):
             fail(f"SwishClassifier: Swish is called with a beta of shape {shape}; expected ({HIDDEN},), one per hidden unit.",
-                 listing, cause=f"β is learnable per hidden unit: `torch.nn.Parameter(torch.ones({HIDDEN}))` "
-                 "for hidden = 32, i.e. `torch.ones(hidden)`.")
+                 listing, cause=f"β is learnable per hidden unit: a Parameter of shape (hidden,) = ({HIDDEN},), "
+                 "all ones to start.")
         if not (parameter and requires_grad):
             fail("SwishClassifier: the beta passed to Swish is not one of the model's parameters.", listing,
                  cause="register β as `self.beta = torch.nn.Parameter(...)` and pass it as it is: "
@@ -597,7 +597,7 @@ def _loss_cause(loss0: float, expected: float, logits0: torch.Tensor, y: torch.T
         "the log-sum-exp runs over the batch (dim 0): it must run over the classes, dim 1.":
             float(torch.logsumexp(logits0, 0).mean() - logits0.gather(1, y[:, None]).mean()),
         "the sign is flipped: cross-entropy is LogSumExp(logits) − logits[y], not the reverse.": -expected,
-        "the logit of the right class is missing: subtract `logits.gather(1, y[:, None])`.":
+        "the logit of the right class is missing: subtract each row's logit of its own class (`gather` along dim 1).":
             float(torch.logsumexp(logits0, 1).mean()),
     }
     for cause, value in candidates.items():
