@@ -1,11 +1,16 @@
 """Unit tests of autograder.exercises.modern_api (notebook 10): right answers pass, each kind
 of wrong answer fails with the message that names its mistake, the verdicts are the same
 through a Remote proxy (the grader's way of reaching a student's process), custom ops survive
-being defined twice, and the student's side holds no solution."""
+being defined twice, the student's side holds no solution, and the notebook's introduction
+states its reading time."""
 from __future__ import annotations
 
 import inspect
+import re
+import sys
 import time
+import types
+from itertools import count
 
 import nbformat
 import pytest
@@ -120,33 +125,84 @@ def logsumexp_backward(ctx, grad):
 
 
 logsumexp.register_autograd(logsumexp_backward, setup_context=logsumexp_setup_context)
+
+
+@torch.library.custom_op("modern_api::softmax", mutates_args=())
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    a = x.detach().cpu().numpy()
+    e = np.exp(a - a.max(axis=-1, keepdims=True))
+    return torch.from_numpy(e / e.sum(axis=-1, keepdims=True)).to(device=x.device, dtype=x.dtype)
+
+
+@softmax.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@softmax.register_vmap
+def _(info, in_dims, x):
+    return softmax(x.movedim(in_dims[0], 0)), 0
+
+
+def softmax_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(output)
+
+
+def softmax_backward(ctx, grad):
+    (y,) = ctx.saved_tensors
+    return y * (grad - (grad * y).sum(-1, keepdim=True))
+
+
+softmax.register_autograd(softmax_backward, setup_context=softmax_setup_context)
+
+
+class Softmax(torch.autograd.Function):
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x):
+        return softmax(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        softmax_setup_context(ctx, inputs, output)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return softmax_backward(ctx, grad_output)
 '''
 
+# Each check, and the names of the student's objects it is given.
 CHECKS = {
-    "ClippedReLU": ma.check_clipped_relu,
-    "SquaredDistance": ma.check_vmap_rule,
-    "Swish": ma.check_swish_jvp,
-    "logsumexp": ma.check_logsumexp_op,
+    "ClippedReLU": (ma.check_clipped_relu, ("ClippedReLU",)),
+    "SquaredDistance": (ma.check_vmap_rule, ("SquaredDistance",)),
+    "Swish": (ma.check_swish_jvp, ("Swish",)),
+    "logsumexp": (ma.check_logsumexp_op, ("logsumexp",)),
+    "Softmax": (ma.check_softmax_pattern, ("softmax", "Softmax")),
 }
+_modules = count()
 
 
 def notebook(*edits: tuple[str, str]) -> dict:
     """A namespace holding the model solutions with `edits` (old, new) applied. (Custom ops
-    are registered by name: the op of the namespace built last is the one that runs.)"""
+    are registered by name: the op of the namespace built last is the one that runs.) It is
+    a module's, as a notebook's is: torch.compile finds a Function's globals through it."""
     source = SOLUTIONS
     for old, new in edits:
         assert source.count(old) == 1, old
         source = source.replace(old, new)
-    namespace: dict = {"__name__": "__main__"}
-    exec(compile(source, "<notebook>", "exec"), namespace)
-    return namespace
+    module = types.ModuleType(f"notebook_{next(_modules)}")
+    sys.modules[module.__name__] = module
+    exec(compile(source, "<notebook>", "exec"), module.__dict__)
+    return module.__dict__
 
 
 def verdict(name: str, namespace: dict, *, remote: bool = False, **kwargs) -> str | None:
-    """The check's failure message for namespace[name] (None if it passed)."""
-    student = Remote(name, loopback(namespace)) if remote else namespace[name]
+    """The check's failure message for the student's objects of check `name` (None if it passed)."""
+    check, names = CHECKS[name]
+    students = [Remote(n, loopback(namespace)) if remote else namespace[n] for n in names]
     try:
-        CHECKS[name](student, **kwargs)
+        check(*students, **kwargs)
     except CheckFailed as failed:
         return str(failed)
     return None
@@ -176,6 +232,9 @@ def test_model_solutions_pass_here_and_remotely(name, capsys):
     ("Swish", {"cases": [((), ()), ((2, 3, 2, 2), (3, 1, 1)), ((5, 2), (1, 2)), ((1, 4), (4,))], "seed": None}),
     ("logsumexp", {"cases": [((6,), 0.0), ((3, 1), 0.0), ((2, 4), 1000.0), ((2, 2, 3), -1000.0)],
                    "compiled": [((5, 2), 0.0)], "seed": None}),
+    ("Softmax", {"cases": [(6,), (4, 1), (2, 2, 3)],
+                 "vmap_cases": [((3, 3), [1], [3]), ((2, 4), [-1], [4]), ((3,), [0, 1], [2, 2]), ((5,), [-1], [2])],
+                 "compiled": [(2, 3, 2)], "seed": None}),
 ])
 def test_model_solutions_pass_the_hidden_tests(name, hidden):
     assert verdict(name, notebook(), **hidden) is None
@@ -217,6 +276,32 @@ CLASSIC = (
 def test_clipped_relu_mistakes_are_named(edits, expected):
     message = same_both_ways("ClippedReLU", *edits)
     assert message is not None and expected in message, message
+
+
+@pytest.mark.parametrize("edits, expected", [
+    # a tensor kept on ctx instead of saved: every value is right
+    ((("ctx.save_for_backward(x)\n        ctx.clip = clip", "ctx.x = x\n        ctx.clip = clip"),
+      ("(x,) = ctx.saved_tensors\n        return grad_output * ((x > 0)", "x = ctx.x\n        return grad_output * ((x > 0)")),
+     "`ctx.x` (the input `x` of shape (5,), 40 bytes) is kept as an attribute of ctx instead of being saved"),
+    # a tensor kept in a class attribute: every value is right
+    ((("ctx.save_for_backward(x)\n        ctx.clip = clip", "ClippedReLU.last_x = x\n        ctx.clip = clip"),
+      ("(x,) = ctx.saved_tensors\n        return grad_output * ((x > 0)", "x = ClippedReLU.last_x\n        return grad_output * ((x > 0)")),
+     "is still alive, kept by"),
+    # NaN at exactly 0, a kink: right everywhere else
+    ((("return grad_output * ((x > 0) & (x < ctx.clip)), None",
+       "return grad_output * torch.where(x < ctx.clip, x.clamp(min=0) / x, 0.0), None"),),
+     "ClippedReLU: backward at the kinks gives"),
+])
+def test_clipped_relu_mistakes_only_special_points_or_ctx_show(edits, expected):
+    message = same_both_ways("ClippedReLU", *edits)
+    assert message is not None and expected in message, message
+
+
+def test_either_one_sided_slope_at_a_kink_passes():
+    """torch's clamp has slope 1 at both kinks, the model 0: both are right."""
+    edits = (("return grad_output * ((x > 0) & (x < ctx.clip)), None",
+              "return grad_output * ((x >= 0) & (x <= ctx.clip)), None"),)
+    assert same_both_ways("ClippedReLU", *edits) is None
 
 
 def test_a_classic_function_fails_under_torch_func_with_the_reason():
@@ -301,6 +386,36 @@ def test_swish_jvp_mistakes_are_named(edits, expected):
     assert message is not None and expected in message, message
 
 
+@pytest.mark.parametrize("edits, expected", [
+    # ∂y/∂x written as y/x + βy(1 − σ): NaN at exactly x = 0
+    (((JVP, "y = x * s\n        return x_t * (y / x + beta * y * (1 - s)) + beta_t * x * y * (1 - s)"),),
+     "gives a wrong output tangent"),
+    # σ' as e^(−βx) / (1 + e^(−βx))²: NaN where e^(−βx) overflows
+    (((JVP, "ds = torch.exp(-beta * x) / (1 + torch.exp(-beta * x)) ** 2\n"
+            "        return x_t * (s + beta * x * ds) + beta_t * x * x * ds"),), "gives a wrong output tangent"),
+    # jvp reads tensors kept on ctx: every tangent is right
+    ((("        ctx.save_for_forward(x, beta)\n", "        ctx.x, ctx.beta = x, beta\n"),
+      ("x, beta = ctx.saved_tensors\n        s = torch.sigmoid(beta * x)\n        return x_t",
+       "x, beta = ctx.x, ctx.beta\n        s = torch.sigmoid(beta * x)\n        return x_t")),
+     "is kept as an attribute of ctx instead of being saved"),
+])
+def test_swish_jvp_mistakes_only_special_points_or_ctx_show(edits, expected):
+    message = same_both_ways("Swish", *edits)
+    assert message is not None and expected in message, message
+    if "kept" in expected:
+        assert "save_for_forward" in message
+
+
+def test_every_draw_holds_the_special_points():
+    """Hidden tests draw fresh inputs: the special points are there in each draw."""
+    for seed in (None, None, 3):
+        generator = torch.Generator().manual_seed(ma.inputs.seed_of(seed))
+        (x, _), = ma._swish_cases([((4, 3), (3,))])(generator)
+        assert x.flatten()[:3].tolist() == list(ma.SWISH_SPECIAL)
+        (x,), = ma._softmax_cases([(2, 3)])(generator)
+        assert x.flatten()[:3].tolist() == list(ma.LARGE)
+
+
 def test_forward_mode_gradcheck_uses_the_students_own_forward():
     """A jvp consistent with a wrong forward passes the finite differences of that forward,
     but not the comparison with the reference: both are needed, and both run."""
@@ -338,6 +453,19 @@ def test_forward_mode_gradcheck_uses_the_students_own_forward():
 def test_custom_op_mistakes_are_named(edits, expected):
     shapes = {"cases": [((6,), 0.0), ((3, 4), 0.0)]} if "np.asarray" in expected else {}
     message = same_both_ways("logsumexp", *edits, **shapes)
+    assert message is not None and expected in message, message
+
+
+@pytest.mark.parametrize("edits, expected", [
+    # exp(x) / exp(lse): inf / inf at ±1000, right elsewhere
+    ((("return grad.unsqueeze(-1) * torch.exp(x - out.unsqueeze(-1))",
+       "return grad.unsqueeze(-1) * torch.exp(x) / torch.exp(out).unsqueeze(-1)"),), "logsumexp: "),
+    ((("(x,) = inputs\n    ctx.save_for_backward(x, output)", "ctx.x, ctx.out = inputs[0], output"),
+      ("x, out = ctx.saved_tensors\n    return grad.unsqueeze(-1)", "x, out = ctx.x, ctx.out\n    return grad.unsqueeze(-1)")),
+     "is kept as an attribute of ctx instead of being saved"),
+])
+def test_custom_op_mistakes_only_special_points_or_ctx_show(edits, expected):
+    message = same_both_ways("logsumexp", *edits)
     assert message is not None and expected in message, message
 
 
@@ -388,6 +516,70 @@ def test_a_function_with_a_jvp_does_not_compile_in_one_graph():
     assert "Unsupported custom jvp" in str(failed.value) and "defines a jvp" in str(failed.value)
 
 
+# --- 10.5 the modern pattern --------------------------------------------------------------------
+
+RULE_105 = "return softmax(x.movedim(in_dims[0], 0)), 0"
+BACKWARD_105 = "return y * (grad - (grad * y).sum(-1, keepdim=True))"
+
+
+@pytest.mark.parametrize("edits, expected", [
+    ((("def _(x):\n    return torch.empty_like(x)\n\n\n@softmax", "def _(x):\n    return x.new_empty(x.shape[:-1])\n\n\n@softmax"),),
+     "softmax keeps x's shape"),
+    (((RULE_105, "return softmax(x), in_dims[0]"),), "the batch is at the last dim of what the rule receives"),
+    (((RULE_105, "return softmax(x), 0"),), "the batch is at the last dim of what the rule receives"),
+    ((("@softmax.register_vmap\ndef _(info, in_dims, x):\n    " + RULE_105 + "\n", ""),), "the custom op has no vmap rule"),
+    (((BACKWARD_105, "return y * grad"),), "softmax: "),
+    (((BACKWARD_105, "(x,) = ctx.saved_tensors\n    e = torch.exp(x)\n    y = e / e.sum(-1, keepdim=True)\n    " + BACKWARD_105),
+      ("(y,) = ctx.saved_tensors\n    (x,)", "(x,)"), ("ctx.save_for_backward(output)", "ctx.save_for_backward(inputs[0])")),
+     "softmax: "),  # recomputed naively: NaN at ±1000
+    ((("ctx.save_for_backward(output)", "ctx.y = output"), ("(y,) = ctx.saved_tensors\n    return", "y = ctx.y\n    return")),
+     "`ctx.y` (the output"),
+    ((("        return softmax(x)\n", "        return torch.softmax(x, -1)\n"),), "no compiled graph calls modern_api.softmax"),
+    ((("ctx.save_for_backward(output)", "global kept_output\n    kept_output = output"),
+      ("(y,) = ctx.saved_tensors\n    return", "y = kept_output\n    return")), "is still alive, kept by"),
+    ((("    generate_vmap_rule = True\n\n    @staticmethod\n    def forward(x):\n        return softmax",
+       "    @staticmethod\n    def forward(x):\n        return softmax"),), "vmap needs a rule for the Function"),
+    ((("softmax.register_autograd(softmax_backward,", "softmax.register_autograd(lambda ctx, grad: grad,"),), "softmax: "),
+])
+def test_softmax_pattern_mistakes_are_named(edits, expected):
+    message = same_both_ways("Softmax", *edits)
+    assert message is not None and expected in message, message
+
+
+@pytest.mark.parametrize("edits", [
+    # register_vmap by name, the op called through torch.ops
+    ((("@softmax.register_vmap\ndef _(info, in_dims, x):", "def rule(info, in_dims, x):"),
+      ("softmax.register_autograd(", "torch.library.register_vmap('modern_api::softmax', rule)\nsoftmax.register_autograd("),
+      ("        return softmax(x)\n", "        return torch.ops.modern_api.softmax(x)\n"))),
+    # the batch moved only when it is at the last dim
+    (((RULE_105, "b = in_dims[0] % x.dim()\n    if b == x.dim() - 1:\n        x, b = x.movedim(b, 0), 0\n    return softmax(x), b"),)),
+    # the Function's own vmap rule instead of the generated one
+    ((("    generate_vmap_rule = True\n\n    @staticmethod\n    def forward(x):\n        return softmax(x)\n",
+       "    @staticmethod\n    def forward(x):\n        return softmax(x)\n\n    @staticmethod\n    def vmap(info, in_dims, x):\n"
+       "        return Softmax.apply(x.movedim(in_dims[0], 0)), 0\n"),)),
+])
+def test_unusual_softmax_patterns_pass(edits):
+    assert same_both_ways("Softmax", *edits) is None
+
+
+def test_the_vmap_probe_restores_the_fallback():
+    namespace = notebook()
+    before = torch._C._functorch._is_vmap_fallback_enabled()
+    student_side.vmapped(namespace["softmax"], (torch.randn(3, 2, dtype=torch.float64),), [[0]], None, None, False)
+    assert torch._C._functorch._is_vmap_fallback_enabled() == before
+
+
+def test_stderr_captured_catches_cpp_warnings():
+    """vmap's fallback warns from C++, past Python's sys.stderr and warnings."""
+    @torch.library.custom_op("modern_api::no_rule", mutates_args=())
+    def no_rule(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    with student_side.stderr_captured() as written:
+        torch.func.vmap(no_rule)(torch.ones(2, 3))
+    assert "performance drop" in written[0]
+
+
 # --- Errors torch raises, in words --------------------------------------------------------------
 
 @pytest.mark.parametrize("message, kind, expected", [
@@ -430,6 +622,17 @@ def test_the_student_side_holds_no_line_of_the_solutions_or_hidden_tests():
     assert [line for line in lines if line in source] == []
 
 
+def test_the_introduction_states_the_reading_time():
+    """Reading at about 200 words a minute (text, hints and given code of the released
+    notebook), within 10 % of what the introduction says."""
+    released = nbformat.read(authoring.ROOT / "course" / "10_modern_api" / "10_modern_api.ipynb", as_version=4)
+    words = sum(len(cell.source.split()) for cell in released.cells)
+    stated = re.search(r"about (\d+) min of reading \(([\d,]+) words", released.cells[0].source)
+    assert stated, "the introduction states its reading time"
+    assert abs(int(stated.group(1)) - words / 200) <= 0.1 * words / 200
+    assert abs(int(stated.group(2).replace(",", "")) - words) <= 0.05 * words
+
+
 def test_procedures_are_registered_and_take_plain_data_only():
     for name in ("describe", "func_grad", "vmapped", "forward_ad", "forward_ad_gradcheck", "opcheck", "fake_outputs",
                  "compiled"):
@@ -437,10 +640,10 @@ def test_procedures_are_registered_and_take_plain_data_only():
 
 
 def test_warm_checks_are_cheap():
-    """Each visible check, once torch's lazy imports are paid, stays well under a second."""
+    """Each visible check, once torch's lazy imports are paid, stays within a few seconds."""
     namespace = notebook()
-    for name, check in CHECKS.items():
-        check(namespace[name])  # warm
+    for name in CHECKS:
+        assert verdict(name, namespace) is None  # warm
         start = time.perf_counter()
-        check(namespace[name])
+        assert verdict(name, namespace) is None
         assert time.perf_counter() - start < 3.0, name

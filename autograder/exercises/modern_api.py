@@ -11,7 +11,11 @@ and loops over the batch):
 - :func:`check_forward_ad` — dual tensors of `torch.autograd.forward_ad`, `jacfwd`,
   `hessian`, and forward-mode gradcheck (finite differences of the student's own forward);
 - :func:`check_compile` — `torch.compile` with a backend that needs no C++ compiler;
-- :func:`check_custom_op` — a `torch.library.custom_op`: its fake kernel and `opcheck`.
+- :func:`check_custom_op` — a `torch.library.custom_op`: its fake kernel and `opcheck`;
+- :func:`check_what_is_kept` — what backward reads is saved: nothing on ctx, nothing elsewhere.
+
+Every draw of the exercises' inputs holds their special points (0, the kinks, ±1000: see
+`inputs.including`), so a formula that is NaN or infinite exactly there loses its points.
 """
 from __future__ import annotations
 
@@ -23,11 +27,14 @@ import torch
 from torch.autograd.gradcheck import GradcheckError
 
 from ..checks import explain, inputs
+from ..checks import saved as saved_checks
 from ..checks.functions import FunctionSpec, check_function
 from ..checks.shared_state import process_wide
 from ..student import devices, probe
 from ..student import modern_api as student_side
 from ..student.report import fail, passed, quiet, shape, show
+from ..student.saved import Names
+from ..student.saved import describe as describe_saved
 
 Shape = Sequence[int]
 Reference = Callable[..., Any]
@@ -62,6 +69,18 @@ def _close(actual: torch.Tensor | None, expected: torch.Tensor, rtol: float = RT
         isinstance(actual, torch.Tensor) and actual.shape == expected.shape
         and bool(torch.allclose(actual.detach().cpu().to(expected.dtype), expected.detach().cpu(), rtol=rtol, atol=atol))
     )
+
+
+def _not_finite(expected: torch.Tensor, actual: torch.Tensor) -> str | None:
+    """Why a value is NaN or infinite where the right one is finite (None if none is)."""
+    broken = ~torch.isfinite(actual) & torch.isfinite(expected)
+    if not bool(broken.any()):
+        return None
+    index = tuple(int(i) for i in broken.nonzero()[0])
+    return (f"the value at index {index} is {actual[index].item()} where the right one is finite: a formula that "
+            "divides by zero or overflows at that input (look at it: a 0, or a large value), though the function is "
+            "smooth there. Write it so that it stays finite (e.g. with torch.sigmoid rather than exp(−z), and no "
+            "division by x).")
 
 
 def _compare(label: str, actual: torch.Tensor | None, expected: torch.Tensor, shown: list[str], cause: str | None = None,
@@ -99,6 +118,10 @@ def transform_cause(message: str, kind: str, facts: dict | None = None) -> str |
     if "does not have vmap support" in message:
         return ("vmap needs a rule for the Function: `generate_vmap_rule = True` when forward, setup_context and "
                 "backward are built from torch operations, or a hand-written `vmap` staticmethod.")
+    if "hit the vmap fallback which is currently disabled" in message:
+        return ("the custom op has no vmap rule. Without one, vmap falls back to calling its kernel once per "
+                "sample, in a loop, with a warning (this check switches that fallback off). Register a rule with "
+                "`@op.register_vmap`: `(info, in_dims, x)` in, `(output, out_dims)` out.")
     if "has both generate_vmap_rule=True and an overridden vmap staticmethod" in message:
         return "choose one: a hand-written vmap staticmethod, or generate_vmap_rule = True (then delete the staticmethod)."
     if "Cannot access data pointer of Tensor that doesn't have storage" in message:
@@ -272,8 +295,8 @@ def loop(reference: Reference, args: Sequence[Any], levels: Sequence[Sequence[An
     return [torch.stack([p[k] for p in per]) for k in range(len(per[0]))]
 
 
-def _describe_vmap(name: str, case: VmapCase) -> str:
-    call = f"{name}.apply"
+def _describe_vmap(name: str, case: VmapCase, *, apply: bool = True) -> str:
+    call = f"{name}.apply" if apply else name
     for dims in reversed(case.levels):
         call = f"vmap({call}, in_dims={tuple(dims)})"
     return call
@@ -295,15 +318,18 @@ def _vmap_cause(actual: torch.Tensor | None, expected: torch.Tensor, batch: int)
 
 def check_vmap(student: Any, name: str, reference: Reference, cases: Sequence[VmapCase], arg_names: Sequence[str],
                generator: torch.Generator, *, per_sample: bool = True, grad_of_vmap: bool = True,
-               hint: Callable[[VmapCase, torch.Tensor | None, torch.Tensor | None], str | None] | None = None) -> None:
+               hint: Callable[[VmapCase, torch.Tensor | None, torch.Tensor | None], str | None] | None = None,
+               fallback: bool = True) -> None:
     """vmap of the student's Function equals a loop over the batch with the reference; with
     `per_sample`, so do the per-sample gradients vmap(grad(...)); with `grad_of_vmap`, the
-    gradient through the vmapped Function (single-level cases only)."""
+    gradient through the vmapped Function (single-level cases only). Without `fallback`, an
+    operator with no batching rule (a custom op without `register_vmap`) fails instead of
+    running once per sample."""
     __tracebackhide__ = True
     facts = describe(student)
     for case in cases:
         args = case.args
-        call = _describe_vmap(name, case)
+        call = _describe_vmap(name, case, apply=facts.get("kind") != "CustomOpDef")
         shown = _shown(arg_names, args)
         expected = loop(reference, args, case.levels)
         batch = _batch_size(args, case.levels[0])
@@ -312,7 +338,7 @@ def check_vmap(student: Any, name: str, reference: Reference, cases: Sequence[Vm
         with quiet():
             found = probe.invoke(student_side.vmapped, student, tuple(args), [list(d) for d in case.levels],
                                  weights if (per_sample and single) else None,
-                                 weights if (grad_of_vmap and single) else None)
+                                 weights if (grad_of_vmap and single) else None, fallback)
         error = _error_of(found["error"])
         if error is not None:
             _fail_error(call, error, shown, facts, hint=hint(case, None, None) if hint else None)
@@ -414,7 +440,8 @@ def check_forward_ad(student: Any, name: str, reference: Reference, cases: Seque
                     if g is None:
                         fail(f"{name}: forward AD ({label}) gave no tangent for the output.", *seen,
                              f"expected {show(w)}", cause=cause)
-                    _compare(f"{name}: forward AD ({label}) gives a wrong output tangent", g, w, seen, cause)
+                    broken = _not_finite(w.detach().cpu(), g.detach().cpu().to(w.dtype)) if g.shape == w.shape else None
+                    _compare(f"{name}: forward AD ({label}) gives a wrong output tangent", g, w, seen, broken or cause)
             if jacfwd:
                 error = _error_of(found["jacfwd_error"])
                 if error is not None:
@@ -529,8 +556,13 @@ def check_compile(student: Any, name: str, reference: Reference, cases: Sequence
 
 # --- torch.library custom ops -----------------------------------------------------------------
 
+LSE_FAKE_CAUSE = ("the fake kernel must describe the real output exactly: its shape (the reduced dim removed), and "
+                  "the input's dtype and device (`x.new_empty(shape)` keeps both; torch.empty(shape) would be float32 "
+                  "on the CPU).")
+
+
 def check_custom_op(op: Any, name: str, cases: Sequence[tuple], expected: Callable[[tuple], Sequence[tuple]],
-                    *, namespace: str = NAMESPACE) -> dict:
+                    *, namespace: str = NAMESPACE, fake_cause: str = LSE_FAKE_CAUSE) -> dict:
     """A torch.library.custom_op in `namespace`, with a fake kernel whose outputs have the
     shapes and dtypes `expected(args)` lists ([(shape, dtype), ...]) on every case, and that
     passes torch.library.opcheck on every case (opcheck's verdict is reported by the
@@ -572,10 +604,7 @@ def check_custom_op(op: Any, name: str, cases: Sequence[tuple], expected: Callab
                 if got_shape != tuple(shape_) or got_dtype != want_dtype or got_device != device:
                     fail(f"{qualname}: the fake kernel says shape {got_shape}, dtype {got_dtype} and device "
                          f"{got_device}; the op returns shape {tuple(shape_)}, dtype {want_dtype} and device {device}.",
-                         *shown,
-                         cause="the fake kernel must describe the real output exactly: its shape (the reduced dim "
-                         "removed) and the input's dtype, e.g. `x.new_empty(x.shape[:-1])` (new_empty keeps x's "
-                         "dtype and device; torch.empty(shape) would be float32 on the CPU).")
+                         *shown, cause=fake_cause)
         results = probe.invoke(student_side.opcheck, op, [tuple(a.detach() if isinstance(a, torch.Tensor) else a
                                                                 for a in args) for args in cases])
     if not isinstance(results, list) or len(results) != len(cases):
@@ -605,12 +634,40 @@ def _opcheck_cause(message: str, kind: str, facts: dict) -> str | None:
     return transform_cause(message, kind, facts)
 
 
+# --- What ctx keeps ----------------------------------------------------------------------------
+
+JVP_READS = (" jvp reads back what `ctx.save_for_forward(...)` saved, from `ctx.saved_tensors` as well "
+             "(call both save_for_backward and save_for_forward in setup_context).")
+
+
+def check_what_is_kept(student: Any, name: str, args: tuple, *, jvp: bool = False) -> None:
+    """Autograd holds what backward (and jvp) read: nothing is kept as an attribute of ctx
+    (`ctx.x = x`), where autograd can neither check its version nor free it, nor anywhere
+    else (a global, a class attribute) after forward and after backward; and backward
+    changes no saved tensor (reported by the student's process: best effort)."""
+    __tracebackhide__ = True
+    with quiet():
+        try:
+            recording, backward = saved_checks.observe(student, devices.prepare(args, "cpu"))
+        except probe.StudentError:
+            return  # forward raises: the checks of values say why
+    names = Names(args=probe.argument_names(student))
+    if recording.stashed:
+        path, s = next(iter(recording.stashed.items()))
+        cycle = saved_checks.CYCLE if s.kind == "output" and s.graph else ""
+        fail(f"{name}: `ctx.{path}` ({describe_saved(s, recording, names)}) is kept as an attribute of ctx instead of "
+             "being saved.", cause=saved_checks.STASHED.format(cycle=cycle) + (JVP_READS if jvp else ""))
+    saved_checks.check_nothing_kept(name, recording, names)
+    saved_checks.check_backward_left_alone(name, recording, backward, names)
+
+
 # === The exercises =============================================================================
 
 # --- 10.1 ClippedReLU, ported: forward + setup_context, generate_vmap_rule --------------------
 
 ClipCase = tuple[Shape, float]
 CLIP_CASES: tuple[ClipCase, ...] = (((5,), 1.0), ((2, 3), 2))
+FAR = (1e3, -1e3)  # far beyond both kinks, in every draw (the kinks themselves: _check_clip_kinks)
 
 
 def _clipped_relu(x: torch.Tensor, clip: float) -> torch.Tensor:
@@ -619,7 +676,8 @@ def _clipped_relu(x: torch.Tensor, clip: float) -> torch.Tensor:
 
 def _clip_cases(specs: Sequence[ClipCase]):
     def cases(generator: torch.Generator) -> list[tuple]:
-        return [(inputs.uniform(shape_, generator, -1.0, clip + 1.0, kinks=(0.0, clip)), clip) for shape_, clip in specs]
+        return [(inputs.including(inputs.uniform(shape_, generator, -1.0, clip + 1.0, kinks=(0.0, clip)), FAR), clip)
+                for shape_, clip in specs]
 
     return cases
 
@@ -658,15 +716,50 @@ def check_modern_style(student: Any, name: str) -> dict:
     return facts
 
 
+KINK_CAUSE = ("at a kink the derivative jumps, and either side's slope (0 or 1 times grad_output, or a value "
+              "between) is a fine answer; NaN, infinity or a slope outside [0, 1] is not. Does backward divide by x, "
+              "or compute something undefined at exactly 0 or clip? A mask such as (x > 0) & (x < clip) is defined "
+              "everywhere.")
+
+
+def _check_clip_kinks(student: Any, specs: Sequence[ClipCase], generator: torch.Generator) -> None:
+    """At exactly 0 and clip, forward equals x.clamp(0, clip), and backward gives a one-sided
+    slope: grad_output times a finite number in [0, 1]. (gradcheck cannot judge a kink: its
+    finite differences straddle it.)"""
+    __tracebackhide__ = True
+    for _, clip in specs:
+        x = torch.tensor([0.0, float(clip)], dtype=torch.float64, requires_grad=True)
+        g = 0.5 + torch.rand(2, generator=generator, dtype=torch.float64)  # positive: the slope is grad / g
+        shown = [f"x = {show(x)} (exactly at the kinks)", f"clip = {clip!r}", f"grad_output = {show(g)}"]
+        with quiet():
+            found = probe.run(student, (x, clip), [[g]])
+        if found.error is not None:
+            _fail_error(f"ClippedReLU at its kinks ({found.error.stage})", found.error, shown)
+        _compare("ClippedReLU at its kinks: forward", found.outputs[0] if found.outputs else None,
+                 _clipped_relu(x.detach(), clip), shown)
+        grad = found.grads[0][0] if found.grads and found.grads[0] else None
+        slope = None if grad is None else grad.detach().cpu() / g
+        if slope is None or slope.shape != g.shape or not bool(torch.isfinite(slope).all()) or \
+                bool(((slope < 0) | (slope > 1)).any()):
+            fail(f"ClippedReLU: backward at the kinks gives {'no gradient' if grad is None else show(grad)}.", *shown,
+                 cause=KINK_CAUSE)
+
+
 def check_clipped_relu(student: Any, *, cases: Sequence[ClipCase] = CLIP_CASES, seed: int | None = 0) -> None:
     """ClippedReLU(x, clip) with forward(x, clip) + setup_context and a generated vmap rule:
-    values and gradients, then torch.func.grad, jacrev and vmap (per-sample gradients too)."""
+    values and gradients (±1000 in every draw; exactly at the kinks, the forward and a
+    one-sided slope), nothing kept on ctx, then torch.func.grad, jacrev and vmap
+    (per-sample gradients too)."""
     __tracebackhide__ = True
     check_modern_style(student, "ClippedReLU")
     spec = replace(CLIPPED_RELU, cases=_clip_cases(cases))
     check_function(student, spec, seed=seed)
     generator = _generator(seed)
     drawn = spec.cases(generator)
+    _check_clip_kinks(student, cases, generator)
+    check_what_is_kept(student, "ClippedReLU", drawn[0])
+    passed("ClippedReLU at exactly 0 and clip: the forward is exact and backward gives a one-sided slope; "
+           "what backward reads is saved, nothing kept on ctx or elsewhere.")
     check_func_grad(student, "ClippedReLU", _clipped_relu, drawn, ("x", "clip"), generator)
     passed(f"ClippedReLU under torch.func: grad and jacrev agree with autograd on {len(drawn)} input(s).")
     vmap_cases = _clip_vmap_cases(cases, generator)
@@ -744,6 +837,8 @@ def check_vmap_rule(student: Any, *, cases: Sequence[VmapSpec] = VMAP_RULE_CASES
 
 SwishCase = tuple[Shape, Shape]
 SWISH_CASES: tuple[SwishCase, ...] = (((4, 3), (3,)), ((5,), ()))
+# In every draw: 0, and |βx| ≥ 2000 (β ≥ 0.2), where exp(-βx) overflows float64.
+SWISH_SPECIAL = (0.0, 1e4, -1e4)
 
 
 def _swish(x: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
@@ -752,7 +847,8 @@ def _swish(x: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
 
 def _swish_cases(specs: Sequence[SwishCase]):
     def cases(generator: torch.Generator) -> list[tuple]:
-        return [(inputs.uniform(xs, generator, -3.0, 3.0), inputs.uniform(bs, generator, 0.2, 2.0)) for xs, bs in specs]
+        return [(inputs.including(inputs.uniform(xs, generator, -3.0, 3.0), SWISH_SPECIAL),
+                 inputs.uniform(bs, generator, 0.2, 2.0)) for xs, bs in specs]
 
     return cases
 
@@ -772,19 +868,24 @@ def _swish_hint(which: int | None, args: tuple, tangents: list) -> str:
 
 def check_swish_jvp(student: Any, *, cases: Sequence[SwishCase] = SWISH_CASES, seed: int | None = 0) -> None:
     """Swish(x, beta) with a jvp: dual tensors (a tangent on x, on beta, on both), jacfwd,
-    hessian, and gradcheck(check_forward_ad=True); values and backward too."""
+    hessian, and gradcheck(check_forward_ad=True); values and backward too; x holds 0 and
+    ±10⁴ in every draw; nothing kept on ctx."""
     __tracebackhide__ = True
     spec = replace(SWISH, cases=_swish_cases(cases))
     check_function(student, spec, seed=seed)
     generator = _generator(seed)
     drawn = spec.cases(generator)
+    check_what_is_kept(student, "Swish", drawn[0], jvp=True)
     check_forward_ad(student, "Swish", _swish, drawn, ("x", "beta"), generator, hint=_swish_hint)
     passed(f"Swish in forward mode: dual tensors (tangents for x, beta and both), jacfwd, hessian and "
-           f"gradcheck(check_forward_ad=True) agree ({len(drawn)} inputs, float64).")
+           f"gradcheck(check_forward_ad=True) agree ({len(drawn)} inputs, float64, x = 0 and ±10⁴ among them); "
+           "what backward reads is saved, nothing kept on ctx or elsewhere.")
 
 
 # --- 10.4 A custom op: register_fake, register_autograd, opcheck, torch.compile ----------------
-# Cases: (x's shape, an offset added to every entry: ±1000 overflows a naive exp).
+# Cases: (x's shape, an offset added to every entry: ±1000 overflows a naive exp). Every draw
+# also holds 0 and ±1000 themselves.
+LARGE = (0.0, 1e3, -1e3)
 
 OpCase = tuple[Shape, float]
 OP_CASES: tuple[OpCase, ...] = (((3, 4), 0.0), ((2, 3, 5), 0.0))
@@ -797,7 +898,7 @@ def _lse(x: torch.Tensor) -> torch.Tensor:
 
 def _op_cases(specs: Sequence[OpCase]):
     def cases(generator: torch.Generator) -> list[tuple]:
-        return [(2 * inputs.normal(s, generator) + offset,) for s, offset in specs]
+        return [(inputs.including(2 * inputs.normal(s, generator) + offset, LARGE),) for s, offset in specs]
 
     return cases
 
@@ -810,8 +911,8 @@ def check_logsumexp_op(op: Any, *, cases: Sequence[OpCase] = OP_CASES, compiled:
                        seed: int | None = 0) -> None:
     """modern_api::logsumexp(x), log Σ exp over the last dim, as a torch.library.custom_op: its
     name, fake kernel and autograd formula; opcheck (the first case in float64, the last in
-    float32); values, gradients and double backward; float32; and
-    torch.compile(backend="aot_eager", fullgraph=True)."""
+    float32); values, gradients and double backward (0 and ±1000 in every draw); nothing kept
+    on ctx; float32; and torch.compile(backend="aot_eager", fullgraph=True)."""
     __tracebackhide__ = True
     generator = _generator(seed)
     drawn = _op_cases(cases)(generator)
@@ -820,6 +921,7 @@ def check_logsumexp_op(op: Any, *, cases: Sequence[OpCase] = OP_CASES, compiled:
     passed(f"{facts.get('name')}: a custom op with a fake kernel (right shapes and dtypes) and an autograd "
            f"formula; torch.library.opcheck passes ({len(samples)} samples, float64 and float32).")
     check_function(op, replace(LOGSUMEXP_OP, cases=_op_cases(cases)), seed=seed)
+    check_what_is_kept(op, "logsumexp", drawn[0])
     x32 = drawn[0][0].float()
     with quiet():
         result = probe.forward_many(op, [(x32,)])[0]
@@ -835,3 +937,84 @@ def check_logsumexp_op(op: Any, *, cases: Sequence[OpCase] = OP_CASES, compiled:
                   in_graph=f"{NAMESPACE}.logsumexp", facts=facts)
     passed(f"logsumexp under torch.compile(backend='aot_eager', fullgraph=True): forward and gradients agree "
            f"({', '.join(str(tuple(c[0].shape)) for c in compile_cases)}), and the graph calls the op.")
+
+
+# --- 10.5 The modern pattern: a custom op with a vmap rule, called from a Function -------------
+# Cases: x's shape (softmax over the last dim). Vmap cases: (one sample's shape, x's in_dims at
+# each level outermost first, batch size per level); a batch at the last dim is the trap.
+
+SoftmaxVmapSpec = tuple[Shape, Sequence[int], Sequence[int]]
+SOFTMAX_CASES: tuple[Shape, ...] = ((3, 4), (2, 3, 5))
+SOFTMAX_VMAP: tuple[SoftmaxVmapSpec, ...] = (((4,), [0], [3]), ((3, 3), [-1], [3]))
+SOFTMAX_COMPILED: tuple[Shape, ...] = ((3, 4),)
+SOFTMAX_FAKE_CAUSE = ("the fake kernel must describe the real output exactly: softmax keeps x's shape, and its output "
+                      "has x's dtype and device (an empty tensor like x; torch.empty(shape) would be float32 on the "
+                      "CPU).")
+
+
+def _softmax(x: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x, -1)
+
+
+def _softmax_cases(shapes: Sequence[Shape]):
+    def cases(generator: torch.Generator) -> list[tuple]:
+        return [(inputs.including(2 * inputs.normal(s, generator), LARGE),) for s in shapes]
+
+    return cases
+
+
+SOFTMAX = FunctionSpec(name="Softmax", reference=_softmax, cases=_softmax_cases(SOFTMAX_CASES), double_backward=True)
+
+
+def _softmax_vmap_cases(specs: Sequence[SoftmaxVmapSpec], generator: torch.Generator) -> list[VmapCase]:
+    found = []
+    for sample_shape, dims, sizes in specs:
+        case = vmap_case((torch.empty(tuple(sample_shape), dtype=torch.float64),), [(d,) for d in dims], sizes, generator)
+        found.append(VmapCase((inputs.including(case.args[0], LARGE),), case.levels))
+    return found
+
+
+def _softmax_vmap_hint(case: VmapCase, actual: torch.Tensor | None, expected: torch.Tensor | None) -> str:
+    x, dim = case.args[0], case.levels[-1][0]
+    if dim % x.dim() == x.dim() - 1:
+        return (f"in_dims {dim}: the batch is at the last dim of what the rule receives, the dim softmax works "
+                "along, so the op mixed the samples. Move the batch elsewhere first (`x.movedim(in_dims[0], 0)`) "
+                "and return the out_dims where it is then.")
+    return "the rule's out_dims must say where the batch is in the output it returns (0, if it moved it to the front)."
+
+
+def check_softmax_pattern(op: Any, function: Any, *, cases: Sequence[Shape] = SOFTMAX_CASES,
+                          vmap_cases: Sequence[SoftmaxVmapSpec] = SOFTMAX_VMAP,
+                          compiled: Sequence[Shape] = SOFTMAX_COMPILED, seed: int | None = 0) -> None:
+    """modern_api::softmax (softmax over the last dim, a NumPy kernel) as a custom op with a fake
+    kernel, an autograd formula and a vmap rule, called from the Function `Softmax`: opcheck;
+    values, gradients and double backward of the op and of the Function (0 and ±1000 in every
+    draw); the op's vmap rule with vmap's per-sample fallback off; torch.func.grad, jacrev,
+    vmap(grad(...)) and grad(vmap(...)) of the Function; a fullgraph torch.compile whose graph
+    calls the op (the eager backend: opcheck has compiled the op with AOTAutograd already);
+    nothing kept on ctx."""
+    __tracebackhide__ = True
+    generator = _generator(seed)
+    drawn = _softmax_cases(cases)(generator)
+    facts = check_custom_op(op, "softmax", drawn[:1], lambda args: [(args[0].shape, args[0].dtype)],
+                            fake_cause=SOFTMAX_FAKE_CAUSE)
+    check_function(op, replace(SOFTMAX, name="softmax", cases=_softmax_cases(cases)), seed=seed)
+    check_what_is_kept(op, "softmax", drawn[0])
+    rules = _softmax_vmap_cases(vmap_cases, generator)
+    check_vmap(op, "softmax", _softmax, rules, ("x",), generator, per_sample=False, grad_of_vmap=False,
+               hint=_softmax_vmap_hint, fallback=False)
+    where = ", ".join(" then ".join(str(d[0]) for d in c.levels) for c in rules)
+    passed(f"{facts.get('name')}: opcheck passes; values, gradients and double backward agree with torch.softmax; "
+           f"its vmap rule agrees with a loop (x's in_dims {where}, vmap's fallback off).")
+    check_modern_style(function, "Softmax")
+    check_function(function, replace(SOFTMAX, cases=_softmax_cases(cases)), seed=seed)
+    check_what_is_kept(function, "Softmax", drawn[0])
+    check_func_grad(function, "Softmax", _softmax, drawn[:1], ("x",), generator)  # a Jacobian per entry: the smallest
+    check_vmap(function, "Softmax", _softmax, _softmax_vmap_cases(vmap_cases, generator), ("x",), generator,
+               hint=_softmax_vmap_hint, fallback=False)
+    compile_cases = _softmax_cases(compiled)(generator)
+    check_compile(function, "Softmax", _softmax, compile_cases, ("x",), generator, backend="eager",
+                  in_graph=f"{NAMESPACE}.softmax")
+    passed("Softmax (the Function): torch.func.grad and jacrev, vmap, per-sample gradients (vmap of grad) and "
+           "grad of vmap agree with autograd and loops; torch.compile(backend='eager', fullgraph=True) gives the "
+           "same values and gradients, and its graph calls the op; neither keeps a tensor on ctx.")

@@ -10,9 +10,13 @@ the student's process: best effort.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
+import os
+import sys
+import tempfile
 from dataclasses import asdict
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -56,6 +60,37 @@ def _inner(fn: Any, weights: Sequence[torch.Tensor]) -> Callable[..., torch.Tens
         return sum((o * w).sum() for o, w in zip(outs, weights))
 
     return scalar
+
+
+@contextlib.contextmanager
+def stderr_captured() -> Iterator[list[str]]:
+    """Capture what this process writes to its stderr inside the block, C++ included: torch's
+    C++ warnings (vmap's fallback, for one) bypass Python's `sys.stderr` and `warnings`. The
+    text is in the yielded list once the block has ended."""
+    written: list[str] = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as file:
+        os.dup2(file.fileno(), 2)
+        try:
+            yield written
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            file.seek(0)
+            written.append(file.read().decode(errors="replace"))
+
+
+@contextlib.contextmanager
+def vmap_fallback(enabled: bool) -> Iterator[None]:
+    """vmap's fallback on or off: without it, an operator that has no batching rule (a custom
+    op without `register_vmap`) raises instead of running once per sample."""
+    before = torch._C._functorch._is_vmap_fallback_enabled()
+    torch._C._functorch._set_vmap_fallback_enabled(enabled)
+    try:
+        yield
+    finally:
+        torch._C._functorch._set_vmap_fallback_enabled(before)
 
 
 # --- What a Function class declares (best effort, for messages) -------------------------------
@@ -122,15 +157,21 @@ def func_grad(fn: Any, args: tuple, weights: list) -> dict:
 # --- torch.func.vmap -------------------------------------------------------------------------
 
 @probe.procedure
-def vmapped(fn: Any, args: tuple, levels: list, weights: list | None, grad_of_vmap: list | None) -> dict:
+def vmapped(fn: Any, args: tuple, levels: list, weights: list | None, grad_of_vmap: list | None,
+            fallback: bool = True) -> dict:
     """fn under torch.func.vmap, one level per entry of `levels` (in_dims tuples, the outermost
-    first; out_dims 0 at every level).
+    first; out_dims 0 at every level). Without `fallback`, an operator with no batching rule
+    raises instead of running once per sample.
 
     With `weights` (one level only): per-sample gradients, vmap(grad(<fn, w_b>)) with the
     weights batched along 0 — the gradient of sample b with respect to every floating-point
     tensor argument, shared (in_dims None) ones included. With `grad_of_vmap`: the gradient of
     <vmap(fn)(*args), W> with respect to the (batched) floating-point tensor arguments."""
-    args = _detached(args)
+    with vmap_fallback(fallback):
+        return _vmapped(fn, _detached(args), levels, weights, grad_of_vmap)
+
+
+def _vmapped(fn: Any, args: list, levels: list, weights: list | None, grad_of_vmap: list | None) -> dict:
     call = probe.as_callable(fn)
     found: dict[str, Any] = {"outputs": None, "error": None, "per_sample": None, "per_sample_error": None,
                              "grad_of_vmap": None, "grad_of_vmap_error": None}
@@ -281,7 +322,8 @@ def fake_outputs(op: Any, args: tuple) -> dict:
 def compiled(fn: Any, args: tuple, weights: list, backend: str, fullgraph: bool) -> dict:
     """fn(*args) under torch.compile(backend=backend, fullgraph=fullgraph): its outputs and the
     gradients of <outputs, weights> with respect to the floating-point tensor arguments, and
-    the operators of the graphs the compiler received (best effort). Caches are reset first,
+    the operators of the graphs the compiler received, their subgraphs included (a Function's
+    forward and backward; best effort). Caches are reset first,
     so that the student's current definitions are the ones compiled."""
     if backend not in BACKENDS:
         raise ValueError(f"backend {backend!r} is not one of {BACKENDS}")
@@ -290,8 +332,9 @@ def compiled(fn: Any, args: tuple, weights: list, backend: str, fullgraph: bool)
     inner = torch._dynamo.lookup_backend(backend)
     graphs: list[list[str]] = []
 
-    def recording(gm, example_inputs):
-        graphs.append(sorted({str(node.target) for node in gm.graph.nodes if node.op == "call_function"}))
+    def recording(gm, example_inputs):  # a Function's forward and backward are subgraphs of gm
+        graphs.append(sorted({str(node.target) for module in gm.modules() if isinstance(module, torch.fx.GraphModule)
+                              for node in module.graph.nodes if node.op == "call_function"}))
         return inner(gm, example_inputs)
 
     call = probe.as_callable(fn)

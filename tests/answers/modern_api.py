@@ -28,6 +28,9 @@ _VMAP_BY_LOOP = '''
             outs.append(SquaredDistance.apply(xb, yb, dim))
         return torch.stack(outs), 0'''
 
+_SOFTMAX_RULE = "return softmax(x.movedim(in_dims[0], 0)), 0  # the batch away from the last dim, which softmax reduces"
+_SOFTMAX_BACKWARD = "return y * (grad - (grad * y).sum(-1, keepdim=True))"
+
 _VMAP_SOLUTION = '''        x_bdim, y_bdim, _ = in_dims  # dim is not a tensor: its entry is None
         x = x.movedim(x_bdim, 0) if x_bdim is not None else x.expand(info.batch_size, *x.shape)
         y = y.movedim(y_bdim, 0) if y_bdim is not None else y.expand(info.batch_size, *y.shape)
@@ -53,6 +56,15 @@ MUTANTS = [
           ("    generate_vmap_rule = True  # forward, setup_context and backward use torch operations only\n", "")),
     wrong("clipped_relu", "returns one gradient (no None for clip)",
           ("return grad_output * ((x > 0) & (x < ctx.clip)), None", "return grad_output * ((x > 0) & (x < ctx.clip))")),
+    wrong("clipped_relu", "keeps x as an attribute of ctx instead of saving it (every value right)",
+          ("ctx.save_for_backward(x)\n        ctx.clip = clip", "ctx.x = x\n        ctx.clip = clip"),
+          ("(x,) = ctx.saved_tensors\n        return", "x = ctx.x\n        return")),
+    wrong("clipped_relu", "keeps x in a class attribute for backward (every value right)",
+          ("ctx.save_for_backward(x)\n        ctx.clip = clip", "ClippedReLU.last_x = x\n        ctx.clip = clip"),
+          ("(x,) = ctx.saved_tensors\n        return", "x = ClippedReLU.last_x\n        return")),
+    wrong("clipped_relu", "the slope as output / x: NaN at exactly 0, right everywhere else",
+          ("return grad_output * ((x > 0) & (x < ctx.clip)), None",
+           "return grad_output * torch.where(x < ctx.clip, x.clamp(min=0) / x, 0.0), None")),
     # 10.2 a vmap rule by hand
     wrong("vmap_rule", "right only for in_dims 0 (never moves the batch dims)",
           ("        x = x.movedim(x_bdim, 0) if x_bdim is not None else x.expand(info.batch_size, *x.shape)\n"
@@ -109,6 +121,17 @@ class SquaredDistance(torch.autograd.Function):
            "return x_t * (s + beta * x * s * (1 - s)) + (beta_t * x * x * s * (1 - s)).sum_to_size(beta.shape)")),
     wrong("swish_jvp", "drops the product rule's first term (x_t * beta * x * s(1 - s) only)",
           ("return x_t * (s + beta * x * s * (1 - s))", "return x_t * (beta * x * s * (1 - s))")),
+    wrong("swish_jvp", "∂y/∂x written as y/x + βy(1 − σ): NaN at exactly x = 0",
+          ("return x_t * (s + beta * x * s * (1 - s)) + beta_t * x * x * s * (1 - s)",
+           "y = x * s\n        return x_t * (y / x + beta * y * (1 - s)) + beta_t * x * y * (1 - s)")),
+    wrong("swish_jvp", "σ' as e^(−βx) / (1 + e^(−βx))²: NaN where e^(−βx) overflows (x = −10⁴)",
+          ("return x_t * (s + beta * x * s * (1 - s)) + beta_t * x * x * s * (1 - s)",
+           "ds = torch.exp(-beta * x) / (1 + torch.exp(-beta * x)) ** 2\n"
+           "        return x_t * (s + beta * x * ds) + beta_t * x * x * ds")),
+    wrong("swish_jvp", "jvp reads x and beta kept on ctx (no save_for_forward; every tangent right)",
+          ("        ctx.save_for_forward(x, beta)\n", "        ctx.x, ctx.beta = x, beta\n"),
+          ("x, beta = ctx.saved_tensors\n        s = torch.sigmoid(beta * x)\n        return x_t",
+           "x, beta = ctx.x, ctx.beta\n        s = torch.sigmoid(beta * x)\n        return x_t")),
     # 10.4 a custom op
     wrong("logsumexp_op", "fake kernel with the input's shape",
           ("return x.new_empty(x.shape[:-1])", "return torch.empty_like(x)")),
@@ -133,6 +156,51 @@ class SquaredDistance(torch.autograd.Function):
           (".to(device=x.device, dtype=x.dtype)", ".to(device=x.device)")),
     wrong("logsumexp_op", "another notebook's namespace",
           ('"modern_api::logsumexp"', '"mylib::logsumexp"')),
+    wrong("logsumexp_op", "backward as exp(x) / exp(lse): inf / inf at ±1000",
+          ("return grad.unsqueeze(-1) * torch.exp(x - out.unsqueeze(-1))",
+           "return grad.unsqueeze(-1) * torch.exp(x) / torch.exp(out).unsqueeze(-1)")),
+    wrong("logsumexp_op", "setup_context keeps x and the output on ctx (every value right)",
+          ("(x,) = inputs\n    ctx.save_for_backward(x, output)", "ctx.x, ctx.out = inputs[0], output"),
+          ("x, out = ctx.saved_tensors", "x, out = ctx.x, ctx.out")),
+    # 10.5 the modern pattern
+    wrong("softmax_pattern", "fake kernel with the shape of a reduction (10.4's)",
+          ("def _(x):\n    return torch.empty_like(x)", "def _(x):\n    return x.new_empty(x.shape[:-1])")),
+    wrong("softmax_pattern", "fake kernel with torch.empty (float32, on the CPU)",
+          ("def _(x):\n    return torch.empty_like(x)", "def _(x):\n    return torch.empty(x.shape)")),
+    wrong("softmax_pattern", "vmap rule keeps the batch where it is (wrong when it is the last dim)",
+          (_SOFTMAX_RULE, "return softmax(x), in_dims[0]")),
+    wrong("softmax_pattern", "vmap rule says out_dims 0 without moving the batch",
+          (_SOFTMAX_RULE, "return softmax(x), 0")),
+    wrong("softmax_pattern", "vmap rule moves the batch to the last dim (softmax over the samples)",
+          (_SOFTMAX_RULE, "return softmax(x.movedim(in_dims[0], -1)), -1")),
+    wrong("softmax_pattern", "no register_vmap (vmap's slow per-sample fallback, with a warning)",
+          ("@softmax.register_vmap\ndef _(info, in_dims, x):\n    " + _SOFTMAX_RULE, "def _(info, in_dims, x):\n    " + _SOFTMAX_RULE)),
+    wrong("softmax_pattern", "backward without the sum term (y · grad)",
+          (_SOFTMAX_BACKWARD, "return y * grad")),
+    wrong("softmax_pattern", "backward sums without keepdim (broadcasts the wrong way)",
+          (_SOFTMAX_BACKWARD, "return y * (grad - (grad * y).sum(-1))")),
+    wrong("softmax_pattern", "saves x and recomputes exp(x) / Σ exp(x) in backward: NaN at ±1000",
+          ("ctx.save_for_backward(output)", "ctx.save_for_backward(inputs[0])"),
+          ("(y,) = ctx.saved_tensors\n    return", "(x,) = ctx.saved_tensors\n    e = torch.exp(x)\n    y = e / e.sum(-1, keepdim=True)\n    return")),
+    wrong("softmax_pattern", "backward in NumPy (no double backward)",
+          (_SOFTMAX_BACKWARD, "g, s = grad.detach().cpu().numpy(), y.detach().cpu().numpy()\n"
+           "    return torch.from_numpy(s * (g - (g * s).sum(-1, keepdims=True))).to(grad.device, grad.dtype)")),
+    wrong("softmax_pattern", "setup_context keeps the output on ctx (every value right)",
+          ("ctx.save_for_backward(output)", "ctx.y = output"), ("(y,) = ctx.saved_tensors\n    return", "y = ctx.y\n    return")),
+    wrong("softmax_pattern", "the output kept in a global for backward (every value right)",
+          ("ctx.save_for_backward(output)", "global kept_output\n    kept_output = output"),
+          ("(y,) = ctx.saved_tensors\n    return", "y = kept_output\n    return")),
+    wrong("softmax_pattern", "the Function computes torch.softmax instead of calling the op",
+          ("        return softmax(x)\n", "        return torch.softmax(x, -1)\n")),
+    wrong("softmax_pattern", "the Function has no vmap rule (no generate_vmap_rule)",
+          ("    generate_vmap_rule = True  # forward calls the op, whose vmap rule takes the batch\n", "")),
+    wrong("softmax_pattern", "the op's own autograd formula passes grad through (the Function's is right)",
+          ("softmax.register_autograd(softmax_backward,", "softmax.register_autograd(lambda ctx, grad: grad,")),
+    wrong("softmax_pattern", "the Function in the classic style (forward(ctx, x))",
+          ("    @staticmethod\n    def forward(x):\n        return softmax(x)\n\n    @staticmethod\n"
+           "    def setup_context(ctx, inputs, output):\n        softmax_setup_context(ctx, inputs, output)\n",
+           "    @staticmethod\n    def forward(ctx, x):\n        y = softmax(x)\n        ctx.save_for_backward(y)\n"
+           "        return y\n")),
 ]
 
 VARIANTS = [
@@ -243,4 +311,18 @@ def backward(ctx, grad):
 
 torch.library.register_autograd("modern_api::logsumexp", backward, setup_context=setup)
 '''),
+    right("softmax_pattern", "register_vmap by name, the op called through torch.ops",
+          ("@softmax.register_vmap\ndef _(info, in_dims, x):", "def softmax_rule(info, in_dims, x):"),
+          ("softmax.register_autograd(", "torch.library.register_vmap(\"modern_api::softmax\", softmax_rule)\nsoftmax.register_autograd("),
+          ("        return softmax(x)\n", "        return torch.ops.modern_api.softmax(x)\n")),
+    right("softmax_pattern", "the batch moved only when it is at the last dim",
+          (_SOFTMAX_RULE, "b = in_dims[0] % x.dim()\n    if b == x.dim() - 1:\n        x, b = x.movedim(b, 0), 0\n"
+           "    return softmax(x), b")),
+    right("softmax_pattern", "saves x, backward from torch.softmax; the Function's own vmap staticmethod",
+          ("ctx.save_for_backward(output)", "ctx.save_for_backward(inputs[0])"),
+          ("(y,) = ctx.saved_tensors\n    return", "(x,) = ctx.saved_tensors\n    y = torch.softmax(x, -1)\n    return"),
+          ("    generate_vmap_rule = True  # forward calls the op, whose vmap rule takes the batch\n", ""),
+          ("        return softmax_backward(ctx, grad_output)",
+           "        return softmax_backward(ctx, grad_output)\n\n    @staticmethod\n    def vmap(info, in_dims, x):\n"
+           "        return Softmax.apply(x.movedim(in_dims[0], 0)), 0")),
 ]
