@@ -5,6 +5,7 @@ the student notebooks generated from them (its *release* step). Submissions,
 autograded notebooks, feedback and the gradebook stay in nbgrader's default places
 under the root (all ignored by git).
 """
+import importlib.util
 import os
 
 c = get_config()  # noqa: F821 (provided by traitlets when nbgrader loads this file)
@@ -33,11 +34,22 @@ c.OverwriteCells.add_missing_cells = True
 # Checks run gradcheck on several devices; leave room above nbgrader's 30 s default.
 c.Execute.timeout = 120
 
-# Feedback must not reveal hidden tests (nbgrader's default restores them).
+# Feedback a student can read, without the hidden tests (nbgrader's default restores them):
+# `autograder grade --feedback` sets the same (autograder/grader/feedback.py). Readable names each
+# test cell by its exercise and drops outputs that say nothing to a student; the template
+# (jupyter/templates/) wraps long lines. Found without importing them: loading this file is quick.
 c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
+    "autograder.grader.feedback.Readable",
     "nbgrader.preprocessors.ClearHiddenTests",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
+]
+c.HTMLExporter.template_name = "autograd-feedback"
+c.HTMLExporter.extra_template_basedirs = [
+    os.path.join(importlib.util.find_spec("nbgrader").submodule_search_locations[0], "server_extensions", "formgrader",
+                 "templates"),
+    os.path.join(os.path.dirname(importlib.util.find_spec("autograder").submodule_search_locations[0]), "jupyter",
+                 "templates"),
 ]
 
 # `nbgrader zip_collect ASSIGNMENT`: a submission made with `hand_in()` (autograder/student/

@@ -62,6 +62,7 @@ def _grade(options: Options, config: Config, pool: Pool, console: Console) -> tu
             warm(modules, compiles)
             outcomes = _grade_all(todo, known, pool, preparer, writer, console, options.limits, key)
     pool.close()  # the workers' memory and CPU go to what follows
+    progress.phase("writing grades.csv, grades-lms.csv and the plots ...")
     graded = sorted({o.submission.assignment for o in outcomes})
     for assignment in graded:
         report.write_status(
@@ -71,7 +72,7 @@ def _grade(options: Options, config: Config, pool: Pool, console: Console) -> tu
     _export(coursedir, config, {s.assignment for s in submissions})  # its plots read the status files
     if options.feedback:  # graded now or before: feedback is for every submission that has none up to date
         wanted = sorted({s.assignment for s in submissions})
-        console.print(f"Generating feedback for {', '.join(wanted)} (nbgrader generate_feedback, hidden tests cleared) ...")
+        progress.phase(f"writing feedback for {', '.join(wanted)} (nbgrader generate_feedback, hidden tests cleared) ...")
         for assignment in feedback.generate(coursedir, config, wanted):
             console.print(f"[bold red]feedback failed for some submissions of {assignment}[/]")
         written = sum(1 for s in submissions if any(Path(coursedir.format_path(
@@ -111,7 +112,7 @@ def _secret(root: Path, console: Console) -> bytes:
     return key
 
 
-def _grade_all(todo, known, pool, preparer, writer, console, limits, key: bytes) -> list[report.Outcome]:
+def _grade_all(todo, known, pool, preparer, writer, console, limits, course_key: bytes) -> list[report.Outcome]:
     """Prepare, run and save, interleaved: this thread prepares and saves in turn, while the
     pool's threads run and judge."""
     waiting = iter(todo)
@@ -128,7 +129,7 @@ def _grade_all(todo, known, pool, preparer, writer, console, limits, key: bytes)
                 running[submission.key] = (submission, items)
                 pool.submit(submission.key, [
                     Program(p.code_cells(), submission.contents,
-                            Judge.of(p.nb.cells, functools.partial(inputs.cell_seed, key, submission.assignment, p.name)))
+                            Judge.of(p.nb.cells, functools.partial(inputs.cell_seed, course_key, submission.assignment, p.name)))
                     for p in items
                     if not isinstance(p, results.NotebookResult)
                 ])

@@ -17,7 +17,7 @@ from rich.console import Console
 from sqlalchemy.exc import OperationalError
 
 from ..isolation import sandbox
-from . import preflight
+from . import preflight, progress
 from .preflight import FAILED, GradingError
 from .pool import Pool
 from .records import Options
@@ -56,24 +56,31 @@ def _grade(options: Options, config, console: Console, started: float, scheduler
     # (JupyterLab brings it), which compiles a grammar: ~1 s, a third of the grader's
     # start-up. Nothing here checks the "iri" formats it adds; marked absent, it is skipped.
     sys.modules.setdefault("rfc3987_syntax", None)
-    if scheduler is not None:  # each Dask worker probes and warns for its own machine
-        from .cluster import ClusterPool
+    with progress.showing(console, started) as display:  # one status line from the first second
+        if scheduler is not None:  # each Dask worker probes and warns for its own machine
+            from .cluster import ClusterPool
 
-        pool = ClusterPool(scheduler, options, console)
-    else:
-        console.print(f"Starting {options.jobs} worker{'s' * (options.jobs != 1)} ...")
-        isolation = sandbox.probe(options.sandbox, options.root)
-        for warning in isolation.warnings():
-            console.print(f"[bold red]WARNING[/] {warning}")
-        pool = Pool(options.jobs, isolation, options.root, options.limits)
-    with pool:
-        from . import course, report  # nbgrader and nbconvert load while the workers warm up
+            display.phase("reaching the Dask scheduler ...")
+            pool = ClusterPool(scheduler, options, console)
+        else:
+            display.phase("probing the sandbox ...")
+            isolation = sandbox.probe(options.sandbox, options.root)
+            for warning in isolation.warnings():
+                console.print(f"[bold red]WARNING[/] {warning}")
+            if _feedback_only(options, config):
+                pool = NoWorkers()
+            else:
+                display.phase(f"starting {options.jobs} worker{'s' * (options.jobs != 1)}, loading nbgrader ...")
+                pool = Pool(options.jobs, isolation, options.root, options.limits)
+        with pool:
+            from . import course, report  # nbgrader and nbconvert load while the workers warm up
 
-        try:
-            outcomes, skipped = course.grade(options, config, pool, console)
-        except OperationalError as error:
-            raise GradingError(f"the gradebook could not be used ({str(error).strip().splitlines()[0][:200]}): if "
-                               "formgrader or another program is writing to it, wait and run again", FAILED) from None
+            try:
+                outcomes, skipped = course.grade(options, config, pool, console)
+            except OperationalError as error:
+                raise GradingError(f"the gradebook could not be used ({str(error).strip().splitlines()[0][:200]}): "
+                                   "if formgrader or another program is writing to it, wait and run again",
+                                   FAILED) from None
     if scheduler is not None:
         isolation = pool.isolation
     summary = Summary(outcomes, skipped, time.monotonic() - started, isolation)
@@ -83,3 +90,32 @@ def _grade(options: Options, config, console: Console, started: float, scheduler
     for warning in isolation.warnings():
         console.print(f"[bold red]WARNING[/] {warning}")
     return summary
+
+
+def _feedback_only(options: Options, config) -> bool:
+    """--feedback when every submission asked for is graded already: no worker is needed."""
+    if not options.feedback or options.force:
+        return False
+    from nbgrader.coursedir import CourseDirectory
+
+    from . import discover
+
+    progress.phase("finding what is left to grade ...")
+    coursedir = CourseDirectory(config=config)
+    found = discover.find(coursedir, options.assignments, options.students)
+    return bool(found) and all(discover.is_done(coursedir, s) for s in found)
+
+
+class NoWorkers:
+    """The pool of a run with nothing to grade: it starts no process."""
+
+    size = 0
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "NoWorkers":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
