@@ -3,11 +3,14 @@ of wrong answer fails with the message that names its mistake, and the verdicts 
 same through a Remote proxy (the grader's way of reaching a student's process)."""
 from __future__ import annotations
 
+import re
 import textwrap
 
+import nbformat
 import pytest
 import torch
 
+from autograder import authoring
 from autograder.checks.remote import Remote, loopback
 from autograder.exercises import real_world as rw
 from autograder.student import probe
@@ -202,6 +205,22 @@ def test_swish_overflow_at_large_beta_x():
     )
     message = fails(rw.check_swish, overflowing["Swish"])
     assert "wrong gradient for `x`" in message and "overflows to inf" in message
+
+
+@pytest.mark.parametrize("check, name, edit", [
+    (rw.check_swish, "Swish", ("ctx.save_for_backward(x, beta)\n        return x * torch.sigmoid(beta * x)",
+                               "ctx.save_for_backward(x, beta)\n        return x * torch.sigmoid(beta * x.view(-1).view(x.shape))")),
+    (rw.check_logsumexp, "LogSumExp", ("m = x.amax(dim, keepdim=True)", "m = x.view(-1).view(x.shape).amax(dim, keepdim=True)")),
+    (rw.check_fixed_point, "TanhFixedPoint", ("z = torch.zeros_like(x)\n", "z = torch.zeros_like(x.view(-1)).view(x.shape)\n")),
+])
+def test_inputs_not_contiguous_in_memory(check, name, edit):
+    """A .view that merges dims of x works on the checks' own (contiguous) inputs only: the
+    run on inputs laid out as a transpose's finds it, locally and remotely alike."""
+    wrong = notebook(edit)
+    message = fails(check, wrong[name])
+    assert message.startswith(f"{name}: forward called `.view` on a tensor that is not contiguous, given inputs that are "
+                              "not contiguous in memory.") and "use `.reshape(...)`" in message
+    assert fails(check, remotely(wrong, name)) == message
 
 
 def test_swish_tensor_made_on_the_cpu_shows_on_the_meta_device():
@@ -481,12 +500,23 @@ def test_spirals_are_balanced_and_seeded():
     assert torch.bincount(y).tolist() == [50, 50, 50]
 
 
+def test_the_introduction_states_the_reading_and_exercise_time_honestly():
+    """Reading: every word of the released notebook (text, hints, given code) at 200 a minute;
+    the exercises: the sum of the table; the total: both (to 5 minutes)."""
+    released = nbformat.read(authoring.ROOT / "course" / "09_real_world" / "09_real_world.ipynb", as_version=4)
+    intro = released.cells[0].source.replace("\n", " ").replace(",", "")
+    words = sum(len(cell.source.split()) for cell in released.cells)
+    hours, minutes, reading, stated_words, exercises = map(int, re.search(
+        r"\*\*Time:\*\* about (\d) h (\d+) min — (\d+) min to read .*?some (\d+) words.*?(\d+) min for the exercises",
+        intro).groups())
+    table = sum(int(m) for m in re.findall(r"\| ★[★☆]{2} \| (\d+) min \|", intro))
+    assert abs(stated_words - words) <= 0.05 * words, (stated_words, words)
+    assert abs(reading - words / 200) <= 3 and exercises == table
+    assert abs(60 * hours + minutes - (reading + exercises)) <= 5
+
+
 def test_solutions_source_matches_the_notebook():
     """The model solutions above are the notebook's (so these tests test what students see)."""
-    import nbformat
-
-    from autograder import authoring
-
     nb = nbformat.read(authoring.solution_path("09_real_world"), as_version=4)
     text = "\n".join(c.source for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution"))
     for name in ("Swish", "LogSumExp", "GradReverse", "TanhFixedPoint", "SwishClassifier"):

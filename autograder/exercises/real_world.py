@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from ..checks import explain, inputs
 from ..checks.functions import FunctionSpec, check_function, check_returned_shapes
-from ..checks.saved import SaveRule, check_saved
+from ..checks.saved import SaveRule, check_saved, observe
 from ..student import devices, probe, real_world
 from ..student.report import fail, note, passed, quiet, show
 from ..student.saved import Names
@@ -30,6 +30,28 @@ def _saves(student: Any, rule: SaveRule, cases: list[tuple]) -> None:
     for device in devices.available():
         for args in cases:
             check_saved(student, rule, devices.prepare(args, device))
+
+
+def _runs_strided(student: Any, name: str, args: tuple) -> None:
+    """Forward and backward run on inputs that are not contiguous in memory (a transpose's
+    layout; a 1-d tensor's every other element), as a caller's tensors may be: a `.view` that
+    merges dimensions fails there. (Given the case of most dimensions.)"""
+    __tracebackhide__ = True
+    names = probe.argument_names(student)
+    with quiet():
+        try:
+            _, backward = observe(student, devices.prepare(args, "cpu"), strided=True)
+            error = backward.error
+        except probe.StudentError as exc:
+            error = probe.ProbeError("forward", exc.type, exc.message)
+    if error is not None:
+        what, cause = explain.error(error.stage, error.type, error.message, names)
+        if "view size is not compatible" in error.message:
+            cause = ("`.view` needs memory laid out to match, and a caller's tensor need not be contiguous "
+                     "(a transpose, a slice): use `.reshape(...)`, which copies only when it must.")
+        fail(f"{name}: {what}, given inputs that are not contiguous in memory.", *_shown(names, args),
+             "(the same values, laid out as a transpose's are; a 1-d tensor's every other element)", cause=cause)
+    passed(f"{name}: forward and backward also run on inputs that are not contiguous in memory.")
 
 
 # --- 9.1 Swish with a learnable beta ---------------------------------------------------------
@@ -124,6 +146,7 @@ def check_swish(student: Any, *, cases: Sequence[SwishCase] = SWISH_CASES, seed:
     drawn = spec.cases(inputs.generator(seed))
     _saves(student, SWISH_SAVES, drawn[:2])
     passed("Swish saves exactly x and beta, nothing on ctx.")
+    _runs_strided(student, "Swish", max(drawn, key=lambda args: args[0].dim()))
     check_function(student, spec, seed=seed)
     check_returned_shapes(student, "Swish", drawn, fix=": `grad.sum_to_size(beta.shape)`")
     shapes = ", ".join(f"x {tuple(x.shape)} β {tuple(b.shape)}" for x, b in drawn)
@@ -254,6 +277,7 @@ def check_logsumexp(student: Any, *, cases: Sequence[LseCase] = LOGSUMEXP_CASES,
         passed("LogSumExp: forward and backward are finite at x = 1000, -1000 and mixed.")
     _saves(student, LOGSUMEXP_SAVES, drawn[:2])
     passed("LogSumExp saves exactly x and its output, nothing on ctx.")
+    _runs_strided(student, "LogSumExp", max(drawn, key=lambda args: args[0].dim()))
     check_function(student, spec, seed=seed)
 
 
@@ -278,6 +302,7 @@ def check_grad_reverse(student: Any, *, cases: Sequence[ReverseCase] = GRAD_REVE
     names = probe.argument_names(student)
     with quiet():
         check_saved(student, GRAD_REVERSE_SAVES, devices.prepare((inputs.normal((3,), generator), 0.5), "cpu"))
+        _runs_strided(student, "GradReverse", (inputs.normal((2, 3), generator), 0.5))
         for shape, alpha in cases:
             x = inputs.normal(shape, generator)
             g, u = inputs.normal(shape, generator), inputs.normal(shape, generator)
@@ -455,6 +480,7 @@ def check_fixed_point(student: Any, *, cases: Sequence[FixedCase] = FIXED_POINT_
     passed(f"TanhFixedPoint: forward converges to the fixed point ({len(drawn)} inputs).")
     _saves(student, FIXED_POINT_SAVES, drawn[:2])
     passed("TanhFixedPoint saves exactly z and W, nothing on ctx.")
+    _runs_strided(student, "TanhFixedPoint", max(drawn, key=lambda args: args[0].dim()))
     check_function(student, spec, seed=seed)
     note(f"(the reference differentiates through {UNROLLED} unrolled iterations)")
 
