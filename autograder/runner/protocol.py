@@ -12,8 +12,10 @@ Parsed JSON costs far more memory than its text (an empty list: 3 bytes of JSON,
 of Python), so the header is kept small: strings of `TEXT` characters or more (cell
 outputs, source code) travel as raw buffers of their own, named in the header by a marker
 string that starts with NUL (a string that starts with NUL always travels so), and a
-header larger than `MAX_HEADER` is refused before it is parsed. What cannot be decoded
-(too large a header, nested too deeply, an integer of thousands of digits) is `Undecodable`.
+header larger than `MAX_HEADER`, or with more than `MAX_VALUES` values (counted by their
+separators, those in short strings too), is refused before it is parsed. What cannot be
+decoded (too large, too many values, nested too deeply, an integer of thousands of digits)
+is `Undecodable`.
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ from typing import Any, Sequence
 
 _LENGTH = struct.Struct(">I")
 MAX_FDS = 4  # a control message carries at most a few descriptors
-MAX_HEADER = 8 << 20  # bytes of JSON in one message: at most ~25 times that once parsed
+MAX_HEADER = 4 << 20  # bytes of JSON in one message
+MAX_VALUES = 400_000  # values in it (about 120 bytes each at most, once parsed)
 TEXT = 1024  # strings at least this long travel as raw buffers
 MARK = "\x00"  # starts every string in a header that stands for a text buffer
 
@@ -95,7 +98,7 @@ class Channel:
         texts = [self._read(n, fds) for n in text_lengths]
         return _restore(message, texts), buffers, fds
 
-    def _read(self, n: int, fds: list[int]) -> bytes:
+    def _read(self, n: int, fds: list[int]) -> bytearray:
         data = bytearray()
         while len(data) < n:
             if self.accept_fds:
@@ -111,7 +114,7 @@ class Channel:
                 raise ChannelClosed("the other side closed the channel")
             data += chunk
             self.received += len(chunk)
-        return bytes(data)
+        return data  # (not copied into bytes: a tensor's buffer is used as it is)
 
 
 def _lengths(value: Any) -> bool:
@@ -119,6 +122,9 @@ def _lengths(value: Any) -> bool:
 
 
 def _parse(data: bytes) -> Any:
+    values = sum(data.count(separator) for separator in (b",", b":", b"[", b"{"))
+    if values > MAX_VALUES:
+        raise Undecodable(f"a message header of more than {MAX_VALUES} values")
     try:
         return json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:

@@ -123,7 +123,9 @@ def decode(structure: Any, buffers: Sequence[bytes], *, references: bool = False
             numel = charge(shape, dtype)
             if len(data) != numel * _itemsize(dtype):
                 raise WireError("tensor size does not match its buffer")
-            t = torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape).clone() if numel else torch.empty(shape, dtype=dtype)
+            # The tensor owns the buffer it was read into (copied only if it came as bytes).
+            buffer = data if isinstance(data, bytearray) else bytearray(data)
+            t = torch.frombuffer(buffer, dtype=dtype).reshape(shape) if numel else torch.empty(shape, dtype=dtype)
             return _grad(_device(t, v.get("device", "cpu")), v)
         raise WireError("malformed payload")
 
