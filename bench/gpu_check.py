@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from answers import for_notebook  # noqa: E402  (tests/answers: plain Python, no test dependencies)
 
 QUICK = ["03_function_basics"]
-RUN_TIMEOUT = 300  # seconds one notebook may take
+RUN_TIMEOUT = 120  # seconds one notebook may take (the grader's default); then its unfinished cells score 0
 CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""}  # torch then sees no GPU: the checks run on the CPU (and meta)
 
 
@@ -93,29 +93,33 @@ def run(task: Task, models: dict[str, dict[str, str]]) -> Task:
         try:
             done = subprocess.run([sys.executable, str(Path(notebook_run.__file__)), task.slug, f.name],
                                   capture_output=True, text=True, timeout=RUN_TIMEOUT, env=env)
-        except subprocess.TimeoutExpired:
-            task.error = f"ran past {RUN_TIMEOUT} s"
-            return task
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        task.error = f"exit {done.returncode}: {done.stderr.strip()[-600:]}"
-    else:
-        task.result = json.loads(lines[-1])
+            stdout = done.stdout
+            problem = f"exit {done.returncode}: {done.stderr.strip()[-600:]}" if done.returncode else ""
+        except subprocess.TimeoutExpired as stopped:
+            stdout = stopped.stdout.decode() if isinstance(stopped.stdout, bytes) else stopped.stdout or ""
+            problem = f"stopped after {RUN_TIMEOUT} s: the cells it did not finish score 0"
+    lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    task.error = problem
+    if lines:
+        task.result = {**lines[0], "cells": [line["cell"] for line in lines[1:] if "cell" in line]}
     return task
 
 
 def scores(task: Task, exercise: notebook_run.Exercise) -> tuple[float, float, list[str]]:
-    """(score, total, the errors of its failed graded cells) of one exercise in a run."""
-    graded = [c for c in task.result["cells"] if c["grade_id"] in exercise.graded]
-    failed = [c["error"] for c in graded if c["score"] < c["points"]]
-    return sum(c["score"] for c in graded), sum(c["points"] for c in graded), failed
+    """(score, total, the errors of its failed graded cells) of one exercise in a run; a cell
+    the run did not reach scores 0."""
+    ran = {c["grade_id"]: c for c in task.result["cells"]}
+    points = {c.grade_id: c.points for c in notebook_run.cells(task.slug) if c.grade_id in exercise.graded}
+    got = {g: ran[g]["score"] if g in ran else 0.0 for g in points}
+    failed = [ran[g]["error"] if g in ran else f"not run: {task.error}" for g in points if got[g] < points[g]]
+    return sum(got.values()), sum(points.values()), failed
 
 
 def caught_by(errors: list[str], cuda: bool) -> str:
     """Which run of the checks a failure message comes from: the meta device's, CUDA's (where
     CUDA was visible) or the CPU's."""
     text = " ".join(errors)
-    if "(meta)" in text or "device meta" in text:
+    if "(meta" in text or "device meta" in text:
         return "meta"
     return "cuda" if cuda and "cuda" in text.lower() else "cpu"
 
@@ -127,8 +131,9 @@ def judge(found: list[Task], cuda: bool) -> dict:
     for slug in dict.fromkeys(t.slug for t in found):
         exercises = notebook_run.exercises(notebook_run.cells(slug))
         model, model_cpu = by[(slug, "model")], by.get((slug, "model-cpu"))
+        if model.error or model.result is None:
+            problems.append(f"{slug}: the notebook did not run to its end ({model.error or 'no output'})")
         if model.result is None:
-            problems.append(f"{slug}: the notebook did not run ({model.error})")
             continue
         cells = model.result["cells"]
         for c in cells:

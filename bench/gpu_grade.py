@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 WHEELS = REPO / "build" / "gpu-check" / "wheels"
 PACKAGES = Path(__file__).with_name("gpu_wheels.txt")
 SLUG = "03_function_basics"  # quick to grade, with device bugs of every kind
-MAX_MIB = 48  # of wheels: the GPU machine receives 64 MiB with the working tree
+MAX_MIB = 56  # of wheels: the GPU machine receives 64 MiB with the working tree (about 3)
 CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""}
 
 

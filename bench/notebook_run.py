@@ -6,9 +6,11 @@ Graded cells are scored as nbgrader scores them: full points unless the cell rai
 wrote to stderr, a number as its last expression for partial credit. Needs only Python,
 torch and numpy (the GPU machine has no Jupyter), so notebooks are read as JSON.
 
-    python3 bench/notebook_run.py SLUG [ANSWERS.json]   # prints one JSON object
+    python3 bench/notebook_run.py SLUG [ANSWERS.json]
 
-ANSWERS.json: {answer cell grade_id: source} replacing model answers.
+ANSWERS.json: {answer cell grade_id: source} replacing model answers. Prints JSON lines: the
+interpreter's versions, then each cell's result as soon as it has run (a notebook stopped
+for its time keeps the cells it finished, as the grader's do).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import traceback
 import types
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 REPO = Path(__file__).resolve().parent.parent
 SOLUTION_MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
@@ -142,13 +145,12 @@ def _score(value, points: float) -> float:
     return points
 
 
-def run(slug: str, answers: dict[str, str] | None = None) -> list[Result]:
-    """Every code cell of `slug`, in order, in one fresh namespace."""
+def run(slug: str, answers: dict[str, str] | None = None) -> Iterator[Result]:
+    """Every code cell of `slug`, in order, in one fresh namespace, each result as it comes."""
     module = types.ModuleType(f"notebook_{slug}")  # torch.compile finds classes through sys.modules
     sys.modules[module.__name__] = module
     namespace = module.__dict__
     namespace["display"] = print  # IPython's builtin, for cells that call it
-    results = []
     for cell in cells(slug):
         source = cell.source
         if cell.kind == "answer":
@@ -176,8 +178,7 @@ def run(slug: str, answers: dict[str, str] | None = None) -> list[Result]:
                 result.error = "wrote to stderr (nbgrader gives 0): " + wrote.splitlines()[-1][:300]
         if cell.kind in ("check", "hidden", "summary"):
             result.output = (out.getvalue() + err.getvalue())[-KEPT:]
-        results.append(result)
-    return results
+        yield result
 
 
 def _describe(error: BaseException) -> str:
@@ -196,14 +197,10 @@ def main() -> None:
     os.chdir(folder)
     import torch
 
-    results = run(slug, answers)
-    print(json.dumps({
-        "slug": slug,
-        "torch": torch.__version__,
-        "devices": ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"],
-        "cells": [asdict(r) for r in results],
-    }))
-    sys.stdout.flush()
+    print(json.dumps({"slug": slug, "torch": torch.__version__,
+                      "devices": ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]}), flush=True)
+    for result in run(slug, answers):
+        print(json.dumps({"cell": asdict(result)}), flush=True)
     shutil.rmtree(folder, ignore_errors=True)
     os._exit(0)  # skip torch's teardown
 

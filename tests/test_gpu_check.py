@@ -119,7 +119,7 @@ def test_cells_run_as_a_kernel_runs_them_and_are_scored_as_nbgrader_scores_them(
         ("check", "assert y == 7, 'y is not 7'", 1),
     )
     monkeypatch.setattr(notebook_run, "cells", lambda slug: cells)
-    results = notebook_run.run("fake")
+    results = list(notebook_run.run("fake"))
     assert [r.status for r in results] == ["ok", "ok", "ok", "ok", "ok", "skipped", "failed"]
     assert "1 IPython magic" in results[0].error
     assert [r.score for r in results if r.points] == [1, 0, 1.5, 0]

@@ -3,8 +3,9 @@ the CPU and wrong on a GPU, by notebook (for_notebook adds them to the notebook'
 
 `device` says which run catches each: "meta" (the checks' run on the meta device, on any
 machine: a tensor made on the CPU meets the inputs), "cuda" (only a run on a GPU: data moved
-to the CPU, which the meta device cannot copy and so cannot judge), "cpu" (a device hard-coded
-to CUDA fails on the CPU already). test_grading.py skips the "cuda" ones, visibly, where there
+to the CPU, which the meta device cannot copy and so cannot judge; an operation whose meta
+kernel checks no device, as matmul; code the meta run cannot follow, as a NumPy kernel),
+"cpu" (a device hard-coded to CUDA fails on the CPU already). test_grading.py skips the "cuda" ones, visibly, where there
 is no GPU; `make gpu-check` grades them all on one. The exercises of notebooks 01 and 02 are
 left out: their checks run the tape's values on the CPU only.
 """
@@ -49,9 +50,9 @@ MUTANTS = {
               device="meta"),
     ],
     "05_gradcheck": [
-        wrong("softmax", "row sums by a matmul with ones made on the CPU",
+        wrong("softmax", "row sums by a matmul with ones made on the CPU (the meta device's matmul checks no device)",
               ("(grad_output * y).sum(-1, keepdim=True)", "(grad_output * y) @ torch.ones(y.shape[-1], 1, dtype=y.dtype)"),
-              device="meta"),
+              device="cuda"),
         wrong("sincos", "gradient moved to the CPU",
               ("return grad_sin * x.cos() - grad_cos * x.sin()", "return (grad_sin * x.cos() - grad_cos * x.sin()).cpu()"),
               device="cuda"),
@@ -80,9 +81,9 @@ MUTANTS = {
         wrong("sinh_intermediates", "gradient moved to the CPU",
               ("return grad_x + grad_expx * expx - grad_expnegx * expnegx",
                "return (grad_x + grad_expx * expx - grad_expnegx * expnegx).cpu()"), device="cuda"),
-        wrong("cube_backward", "the factor 6 as a tensor made on the CPU",
+        wrong("cube_backward", "the factor 6 as a tensor made on the CPU (forward's NumPy kernel: no meta run)",
               ("grad_x = grad * grad_out * 6 * x", "grad_x = grad * grad_out * torch.full(x.shape, 6.0, dtype=x.dtype) * x"),
-              device="meta"),
+              device="cuda"),
         wrong("hvp", "v moved to the CPU", ("grad_outputs=v)", "grad_outputs=v.cpu())"), device="cuda"),
     ],
     "08_memory": [
