@@ -10,16 +10,19 @@ STAMP := $(VENV)/.installed
 SYSTEM_TOOLS := dot:graphviz bwrap:bubblewrap
 # The browser tests drive Debian's Chromium with Playwright (no browser download); the
 # PostgreSQL gradebook tests start Debian's server (tests/postgres_server.py finds initdb).
-TEST_TOOLS := chromium:chromium pg_ctlcluster:postgresql
+TEST_TOOLS := chromium:chromium pg_ctlcluster:postgresql npm:npm
+# The JupyterHub class test's proxy: configurable-http-proxy from npm, at the versions of
+# jupyter/hub/proxy/package-lock.json, in .venv/node (tests/hub.py finds it there).
+PROXY := $(VENV)/node/node_modules/.bin/configurable-http-proxy
 # A student's own copies of the notebooks (never the tracked course/), and where
 # `make publish` writes the public repository's content.
 WORK ?= work
 PUBLIC ?= public
 ROOT_FLAG = $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
-.PHONY: test lab instructor release publish autograde bench compare-stock fuzz gpu-check gpu-wheels lock system-tools test-tools clean
+.PHONY: test lab instructor release publish autograde bench compare-stock fuzz gpu-check gpu-wheels lock system-tools test-tools hub-tools clean
 
-test: $(STAMP) system-tools test-tools
+test: $(STAMP) system-tools test-tools hub-tools
 	$(BIN)/python -m pytest
 
 # A student's JupyterLab: their own copies in $(WORK)/ (copied from course/ once: later
@@ -108,6 +111,13 @@ system-tools:
 
 test-tools:
 	$(call install_tools,$(TEST_TOOLS))
+
+hub-tools: $(PROXY)
+
+$(PROXY): jupyter/hub/proxy/package.json jupyter/hub/proxy/package-lock.json | $(STAMP) test-tools
+	mkdir -p $(VENV)/node && cp jupyter/hub/proxy/package.json jupyter/hub/proxy/package-lock.json $(VENV)/node/
+	cd $(VENV)/node && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
 
 # $(1): tool:package pairs.
 define install_tools

@@ -157,27 +157,50 @@ IDLE = ".jp-Notebook-ExecutionIndicator[data-status='idle']"
 AGAIN = 15.0  # seconds the kernel may sit idle after Run All before it is clicked again
 
 
-def wait_until(page, ready: Callable[[], bool], what: str, timeout: float = 120_000) -> None:
+def wait_until(page, ready: Callable[[], bool], what: str, timeout: float = 120_000, again: bool = True) -> None:
     """Until `ready()`, after Run All. Cells sent while JupyterLab asked which kernel to use,
     or while a busy machine was still starting it, never ran: a person would click Select
-    and Run All again, and so does this."""
+    and Run All again, and so does this (`again=False`: not after running one cell)."""
     deadline = time.monotonic() + timeout / 1000
     clicked = time.monotonic()
     while not ready():
         if time.monotonic() > deadline:
             raise TimeoutError(f"no {what} after {timeout / 1000:g} s")
         selected = _select_kernel(page)
-        if selected or (time.monotonic() - clicked > AGAIN and page.locator(IDLE).count()):
+        if selected or (again and time.monotonic() - clicked > AGAIN and page.locator(IDLE).count()):
             page.wait_for_selector(IDLE, timeout=60_000)
             run_all(page)
             clicked = time.monotonic()
         page.wait_for_timeout(500)
 
 
-def wait_for_output(page, code: str, text: str, timeout: float = 120_000) -> None:
+def wait_for_output(page, code: str, text: str, timeout: float = 120_000, again: bool = True) -> None:
     """Until the cell whose code contains `code` has an output containing `text`."""
     wait_until(page, lambda: page.evaluate(HAS_OUTPUT, [code, text]),
-               f"output containing {text!r} under the cell {code!r}", timeout)
+               f"output containing {text!r} under the cell {code!r}", timeout, again)
+
+
+def cell(page, code: str):
+    """The cell whose code contains `code`."""
+    return page.locator(f".jp-Cell:has(.jp-InputArea:has-text({json.dumps(code)}))").first
+
+
+def type_into(page, code: str, source: str) -> None:
+    """Replace the code of the cell whose code contains `code`, as a person types it."""
+    editor = cell(page, code).locator(".cm-content")
+    editor.scroll_into_view_if_needed()
+    editor.click()
+    page.keyboard.press("Control+A")
+    page.keyboard.insert_text(source)
+
+
+def run_cell(page, code: str, text: str, timeout: float = 120_000) -> None:
+    """Run one cell as a person does (click into it, Shift+Enter), once the kernel is idle,
+    and wait until its output contains `text`."""
+    page.wait_for_selector(IDLE, timeout=timeout)
+    cell(page, code).locator(".cm-content").click()
+    page.keyboard.press("Shift+Enter")
+    wait_for_output(page, code, text, timeout, again=False)
 
 
 def menu_titles(page) -> list[str]:
