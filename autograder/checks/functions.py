@@ -65,7 +65,7 @@ def check_function(student: Any, spec: FunctionSpec, *, seed: int | None = 0) ->
                         _second_finite_differences(student, spec, devices.prepare(args, device), names, generator)
                 else:
                     _gradcheck(student, spec, devices.prepare(args, device), names, rounded=rounded)
-        meta = _meta(student, cases, names)
+        meta = on_meta(student, cases, names)
     checked = "forward, backward and double backward" if spec.double_backward else "forward and backward"
     # For a student's object in another process, the grader's own finite differences (of
     # the student's forward, and of the student's backward for double backward) stand in
@@ -592,20 +592,33 @@ def _fail_asking_autograd(spec: FunctionSpec, evidence: list[str], shown: list[s
     )
 
 
-def _meta(student: Any, cases: Sequence[tuple], names: list[str]) -> str:
-    """Run every case on the meta device: a tensor hard-coded on the CPU shows up without a
-    GPU. (A 0-d CPU tensor mixes with tensors of any device, so one case is not enough.)"""
+def on_meta(student: Any, cases: Sequence[tuple], names: list[str]) -> str:
+    """Run every case on the meta device: a tensor hard-coded on the CPU, or an output or a
+    gradient left there, shows up without a GPU; returns the note to print. (A 0-d CPU
+    tensor mixes with tensors of any device, so one case is not enough.)"""
     __tracebackhide__ = True
     for args in cases:
         meta_args = devices.prepare(args, "meta")
-        error = probe.meta(student, meta_args)
+        run = probe.meta(student, meta_args)
+        moved = [f"output {k}" for k, device in enumerate(run.outputs) if device != "meta"]
+        moved += [f"the gradient for input {k}" for k, device in enumerate(run.grads) if device != "meta"]
+        if moved:
+            fail(f"on another device (meta here, CUDA on a GPU) {' and '.join(moved)} came back on the CPU.",
+                 *_describe(meta_args, names), cause=DEVICE)
+        error = run.error
         if error is None:
             continue
         if "expected device" in error.message or "is not on the expected device" in error.message:
             what, cause = explain.error(error.stage, error.type, error.message, _labels(names, len(args)))
             fail(f"on another device (meta) {what}.", *_describe(meta_args, names), cause=cause)
         return f"meta device: not checked ({error.type} from an operation meta tensors do not support)."
-    return "meta device: forward and backward create no tensor tied to the CPU."
+    return "meta device: forward and backward create no tensor tied to the CPU and leave nothing there."
+
+
+DEVICE = ("a tensor your Function returns must be on its inputs' device: `.cpu()`, `.numpy()` without moving back, "
+          "or a new tensor made without `device=` (`torch.tensor(...)`, `torch.zeros(n)`) leaves it on the CPU. "
+          "Make new tensors with `x.new_zeros(...)`, `torch.zeros_like(x)` or `device=x.device`, and move back "
+          "with `.to(x.device)`.")
 
 
 # --- What a backward returns -------------------------------------------------------------

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 MESSAGE = 2000  # characters of an error message reported
@@ -390,22 +391,56 @@ def _forward_many(fn: Any, arg_sets: list[tuple]) -> list:
     return [asdict(r) if isinstance(r, ProbeError) else r for r in results]
 
 
-def meta(fn: Any, args: Sequence[Any]) -> ProbeError | None:
-    """Forward and backward on `meta` tensors (shapes and devices only), or the error."""
-    return ProbeError.from_data(invoke(_meta, fn, tuple(args)))
+@dataclass
+class OnMeta:
+    """A run on `meta` tensors: the device of each output and of each gradient, or the error."""
+
+    outputs: list[str] = field(default_factory=list)
+    grads: list[str] = field(default_factory=list)
+    error: ProbeError | None = None
+
+
+def meta(fn: Any, args: Sequence[Any]) -> OnMeta:
+    """Forward and backward on `meta` tensors (shapes and devices only). A copy to the CPU
+    there gives zeros on the CPU instead of failing (meta tensors have no data), so a
+    Function that wraps NumPy runs on, and an output left on the CPU shows as such."""
+    data = invoke(_meta, fn, tuple(args))
+    try:
+        return OnMeta([str(d)[:20] for d in data["outputs"][:100]], [str(d)[:20] for d in data["grads"][:100]],
+                      ProbeError.from_data(data["error"]))
+    except (KeyError, TypeError) as bad:
+        raise Malformed(f"malformed meta run: {bad}") from None
+
+
+class _CopiesToCpu(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        source = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if source is not None and source.device.type == "meta":
+            device = kwargs.get("device")
+            if func is torch.ops.aten._to_copy.default and device is not None and torch.device(device).type == "cpu":
+                return torch.zeros(source.shape, dtype=kwargs.get("dtype") or source.dtype, device="cpu")
+            if func is torch.ops.aten._local_scalar_dense.default:  # .item()
+                return 0
+        return func(*args, **kwargs)
 
 
 @procedure
-def _meta(fn: Any, args: tuple) -> dict | None:
+def _meta(fn: Any, args: tuple) -> dict:
     wrt = [a for a in args if differentiable(a)]
-    stage = "forward"
+    found, stage = OnMeta(), "forward"
     try:
-        outs = [o for o in outputs_of(as_callable(fn)(*args)) if differentiable(o) and o.requires_grad]
-        stage = "backward"
-        torch.autograd.grad(outs, wrt, [torch.ones_like(o) for o in outs], allow_unused=True)
+        with _CopiesToCpu():
+            outs = outputs_of(as_callable(fn)(*args))
+            found.outputs = [o.device.type for o in outs]
+            if all(device == "meta" for device in found.outputs):  # (else the check fails on that)
+                outs = [o for o in outs if differentiable(o) and o.requires_grad]
+                stage = "backward"
+                grads = torch.autograd.grad(outs, wrt, [torch.ones_like(o) for o in outs], allow_unused=True)
+                found.grads = [g.device.type for g in grads if g is not None]
     except Exception as exc:  # the student's code may raise anything
-        return asdict(ProbeError.of(stage, exc))
-    return None
+        found.error = ProbeError.of(stage, exc)
+    return asdict(found)
 
 
 @contextlib.contextmanager
