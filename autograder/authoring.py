@@ -58,17 +58,20 @@ def repository_url(root: Path = ROOT) -> str:
         return tomllib.load(f)["project"]["urls"]["Repository"]
 
 
-def student_repository(root: Path = ROOT) -> str:
+def student_repository(root: Path = ROOT, self_study: bool = False) -> str:
     """The public repository students install from (`make publish` builds its content):
-    `[tool.autograd-course] student-repository` in pyproject.toml."""
+    `[tool.autograd-course] student-repository` in pyproject.toml, or with `self_study`, the
+    self-study edition's own, `self-study-repository`."""
     with open(root / "pyproject.toml", "rb") as f:
-        return tomllib.load(f)["tool"]["autograd-course"]["student-repository"]
+        table = tomllib.load(f)["tool"]["autograd-course"]
+    return table["self-study-repository" if self_study else "student-repository"]
 
 
-def setup_source(root: Path = ROOT) -> str:
+def setup_source(root: Path = ROOT, self_study: bool = False) -> str:
     """The first code cell of every notebook. In Colab it installs the student package
-    (with pip in a subprocess: nothing asks for a restart, and a failure says why)."""
-    return SETUP_CELL.format(package=STUDENT_DISTRIBUTION, url=student_repository(root))
+    (with pip in a subprocess: nothing asks for a restart, and a failure says why) from the
+    class edition's repository, or with `self_study` the self-study edition's."""
+    return SETUP_CELL.format(package=STUDENT_DISTRIBUTION, url=student_repository(root, self_study))
 
 
 def assignments(root: Path = ROOT) -> list[str]:

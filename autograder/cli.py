@@ -167,8 +167,9 @@ def secret(
 def publish(
     out: Path = typer.Argument(Path("public"), help="Folder for the public repository's content (a clone of it, or a new folder)."),
     self_study: bool = typer.Option(
-        False, "--self-study", help="The edition for self-learners: every quiz's key and explanations are included, so "
-                                    "each quiz's check explains the answers at once. Never for a graded class."
+        False, "--self-study", help="The edition for self-learners, for its own repository (self-study-repository in "
+                                    "pyproject.toml): every quiz's key and explanations are included, so each quiz's "
+                                    "check explains the answers at once. Never for a graded class."
     ),
 ) -> None:
     """Write what students get into OUT: the student package and the released notebooks.
@@ -176,16 +177,21 @@ def publish(
     Nothing of solutions/, the hidden tests, the quiz keys or the grader goes there, so OUT
     can be pushed as the course's public repository while this one stays private. Colab's
     setup cell installs the student package from that repository
-    (`[tool.autograd-course] student-repository` in pyproject.toml). Run `autograder
-    release` first (`make publish` does): course/ is copied as it is. OUT's files are
-    replaced, its .git is kept.
+    (`\\[tool.autograd-course] student-repository` in pyproject.toml; the self-study
+    edition's: `self-study-repository`). Run `autograder release` first (`make publish`
+    does): course/ is copied as it is. OUT's files are replaced, its .git is kept; OUT must
+    not be the other edition's (a clone of its repository, or its content).
     """
     from . import publish as publishing
 
-    publishing.build(out.resolve(), self_study=self_study)
+    try:
+        publishing.build(out.resolve(), self_study=self_study)
+    except publishing.PublishError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
     edition = "the self-study edition of the student package (quiz keys included)" if self_study else "the student package"
     typer.echo(f"{out}/ holds {edition} and {len(publishing.released())} notebooks; push it to "
-               f"{publishing.student_repository()}")
+               f"{publishing.student_repository(self_study=self_study)}")
 
 
 @app.callback()

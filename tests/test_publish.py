@@ -4,6 +4,7 @@ every solution, hidden test and quiz key."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -125,3 +126,69 @@ def test_autograder_publish_writes_the_class_or_the_self_study_edition(tmp_path,
     else:
         assert asked.returncode == 0, asked.stderr
         assert "graded when you hand in" in asked.stdout
+
+
+@pytest.fixture(scope="module")
+def self_study(tmp_path_factory) -> Path:
+    return publish.build(tmp_path_factory.mktemp("self-study") / "repo", self_study=True)
+
+
+def test_the_self_study_edition_has_its_own_address_and_speaks_to_a_learner_alone(self_study):
+    """Its package, links and every notebook's setup cell name the self-study repository; no
+    notebook has a hand-in cell, and no text speaks of handing in or of an instructor."""
+    mine, class_edition = authoring.student_repository(self_study=True), authoring.student_repository()
+    assert mine != class_edition
+    readme = (self_study / "README.md").read_text()
+    assert f'Repository = "{mine}"' in (self_study / "pyproject.toml").read_text()
+    assert mine.removeprefix("https://github.com/") in readme and class_edition not in readme
+    speaks_of_grading = re.compile(r"\bhand(ed)? in\b|instructor|graded when|upload", re.IGNORECASE)
+    assert not speaks_of_grading.search(readme), speaks_of_grading.search(readme)
+    for path in sorted((self_study / "course").glob("*/*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        assert not [c for c in nb.cells if authoring.HAND_IN_TAG in c.metadata.get("tags", [])], path.name
+        assert next(c for c in nb.cells if c.cell_type == "code").source == authoring.setup_source(self_study=True)
+        for cell in nb.cells:
+            if cell.cell_type == "markdown":
+                assert not speaks_of_grading.search(cell.source), (path.name, speaks_of_grading.search(cell.source))
+
+
+def test_the_self_study_summary_speaks_of_no_grading(self_study):
+    shown = subprocess.run(
+        [sys.executable, "-c", "from autograder.student import summary as s\n"
+         "check = s.VisibleCheck('3.1', 'check_x', 2, '', hidden_points=2)\n"
+         "print(s.report('03_function_basics', [s.Row(check, True, 2, '')]))"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(self_study)}, cwd=self_study)
+    assert shown.returncode == 0, shown.stderr
+    assert "this edition has none" in shown.stdout and "when your notebook is graded" not in shown.stdout
+
+
+def _clone_of(folder: Path, url: str) -> Path:
+    subprocess.run(["git", "init", "-q", str(folder)], check=True)
+    subprocess.run(["git", "-C", str(folder), "remote", "add", "origin", url], check=True)
+    return folder
+
+
+@pytest.mark.parametrize("self_study_edition", [False, True])
+def test_publishing_refuses_to_write_one_edition_where_the_other_belongs(tmp_path, self_study_edition):
+    """Into a clone of the other edition's repository (its address as https or ssh), or over the
+    other edition's content: one line, nothing written."""
+    other = authoring.student_repository(self_study=not self_study_edition)
+    ssh = "git@github.com:" + other.removeprefix("https://github.com/") + ".git"
+    for out in (_clone_of(tmp_path / "https", other), _clone_of(tmp_path / "ssh", ssh)):
+        with pytest.raises(publish.PublishError, match="edition goes to"):
+            publish.build(out, self_study=self_study_edition)
+        assert [p.name for p in out.iterdir()] == [".git"]
+    built = publish.build(tmp_path / "built", self_study=not self_study_edition)
+    command = [str(Path(sys.executable).with_name("autograder")), "publish", str(built)]
+    refused = subprocess.run(command + ["--self-study"] * self_study_edition, capture_output=True, text=True,
+                             timeout=120)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "edition goes to" in refused.stderr
+    assert (built / "autograder" / "checks" / answers.KEYS_FILE).exists() != self_study_edition  # left as it was
+    mine = _clone_of(tmp_path / "mine", authoring.student_repository(self_study=self_study_edition))
+    publish.build(mine, self_study=self_study_edition)  # its own repository's clone: written
+
+
+def test_publish_help_names_the_configuration_keys():
+    shown = subprocess.run([str(Path(sys.executable).with_name("autograder")), "publish", "--help"],
+                           capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert "[tool.autograd-course] student-repository" in shown.stdout and "self-study-repository" in shown.stdout
