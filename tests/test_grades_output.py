@@ -87,6 +87,13 @@ def test_grades_png_shows_totals_statuses_mean_and_median(graded):
     assert {"flagged for review (1)", "failed (not fully run) (1)"} <= set(legend), legend
     stacked = [round(sum(bar.get_height() for bar in bars)) for bars in top.containers]
     assert stacked == [10, 1, 1]  # graded, flagged, failed: every submission drawn once
+    figure = top.get_figure()
+    figure.canvas.draw()  # where the legend and the bars are, as a reader sees them
+    legend = top.get_legend().get_window_extent()
+    bars = [bar.get_window_extent() for bars in top.containers for bar in bars if bar.get_height() > 0]
+    assert not [b for b in bars if b.overlaps(legend)], "the legend hides a bar"
+    inside = figure.bbox
+    assert inside.x0 <= legend.x0 and legend.x1 <= inside.x1, "the legend is cut off"
     png = graded.root / "reports" / SLUG / "grades.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     SCREENSHOTS.mkdir(exist_ok=True)

@@ -169,7 +169,8 @@ def draw(found: Scores, assignment: str) -> Figure:
     top_ax.set_xlabel(f"total points (of {found.top:g}; bins of {width:g})")
     top_ax.set_ylabel("submissions")
     top_ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    top_ax.legend(loc="upper left", fontsize=9, frameon=False)
+    # Beside the axes, never over them: no bar is hidden, however the totals fall.
+    top_ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False, borderaxespad=0)
     top_ax.set_title(f"{assignment}: {len(totals)} submissions", loc="left")
     names = list(found.exercises)
     shares = [statistics.fmean(p) / most if most and p else 0.0 for p, most in found.exercises.values()]
