@@ -241,6 +241,7 @@ def test_double_backward_mistakes_are_named(label, expected):
     ("stashes the logits on ctx", "tensor `ctx.logits` (the input `logits` of shape (6, 10), 480 bytes) is stashed"),
     ("keeps the softmax in a class attribute", "after forward"),
     ("keeps the logits in a module global", "`logits`"),
+    ("keeps the last logits in a default-argument cache", "`logits`"),
 ])
 def test_memory_mistakes_are_named(label, expected):
     message = same_both_ways("memory", _answer(label, answers.MUTANTS))

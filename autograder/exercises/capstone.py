@@ -594,7 +594,7 @@ def _vmap_hint(case: VmapCase, actual: torch.Tensor | None, expected: torch.Tens
 VALUE_READ = (
     "vmap and torch.compile cannot run code that reads a tensor's value in Python: `.item()`, `float(t)`, `if t:`, "
     "or a function that does so inside, such as F.one_hot (it checks its targets against the number of classes). "
-    "Keep values in tensors."
+    "Keep values in tensors: `torch.where` instead of `if`."
 )
 JVP_CAUSE = "a Function that defines jvp does not compile into one graph in torch 2.13 (notebook 10): delete jvp."
 ERROR_CAUSES = (  # (words of an error message, lower case) -> likely cause

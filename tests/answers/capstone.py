@@ -602,6 +602,11 @@ MUTANTS = [
           ("ctx.save_for_backward(logits, target, weight)  # inputs only: nothing new is kept",
            "ctx.save_for_backward(target, weight)\n        global LOGITS\n        LOGITS = logits"),
           ("logits, target, weight = ctx.saved_tensors", "target, weight = ctx.saved_tensors\n        logits = LOGITS")),
+    wrong(EX, "keeps the last logits in a default-argument cache of the wrapper (never given back)",
+          ('def fused_cross_entropy(logits, target, weight=None, reduction="mean", ignore_index=-100):',
+           'def fused_cross_entropy(logits, target, weight=None, reduction="mean", ignore_index=-100, _cache={}):'),
+          ("    return SoftmaxCrossEntropy.apply(logits, target, weight, reduction, ignore_index)",
+           '    _cache["logits"] = logits\n    return SoftmaxCrossEntropy.apply(logits, target, weight, reduction, ignore_index)')),
     # Double backward
     wrong(EX, "saves each row's log-sum-exp and uses exp(logits - lse): right once, wrong twice",
           ("ctx.save_for_backward(logits, target, weight)  # inputs only: nothing new is kept",
