@@ -42,6 +42,9 @@ class FunctionSpec:
     hint: Hint | None = None
     rtol: float = 1e-6
     atol: float = 1e-9
+    # The Function keeps its input's dtype (as torch's own functions do): it is run in
+    # float32 too, whose outputs must be float32 and close to the reference's.
+    keeps_dtype: bool = True
 
 
 def check_function(student: Any, spec: FunctionSpec, *, seed: int | None = 0) -> None:
@@ -65,6 +68,8 @@ def check_function(student: Any, spec: FunctionSpec, *, seed: int | None = 0) ->
                         _second_finite_differences(student, spec, devices.prepare(args, device), names, generator)
                 else:
                     _gradcheck(student, spec, devices.prepare(args, device), names, rounded=rounded)
+        if spec.keeps_dtype:
+            _in_float32(student, spec, cases[0], names, generator)
         meta = on_meta(student, cases, names)
     checked = "forward, backward and double backward" if spec.double_backward else "forward and backward"
     # For a student's object in another process, the grader's own finite differences (of
@@ -78,6 +83,8 @@ def check_function(student: Any, spec: FunctionSpec, *, seed: int | None = 0) ->
     )
     tried = [what for what in ("each combination of inputs requiring grad", "each output used alone") if what in partial]
     note(", ".join(["grad_output given not contiguous and expanded", *tried]) + ": the gradients agree too.")
+    if spec.keeps_dtype:
+        note("float32 inputs: outputs in float32, values and gradients as the reference's.")
     note(meta)
     if "cuda" not in devices.available():
         note(devices.NO_CUDA)
@@ -151,6 +158,42 @@ def _agree(student: Any, spec: FunctionSpec, args: tuple, names: list[str], gene
         for target, want, got in zip(targets, expected.grads2, actual.grads2):
             _compare_second(student, spec, target, want, got, shown, args, names)
     return rounded
+
+
+KEEP_DTYPE = ("keep the input's dtype: a float64 constant (`torch.tensor(..., dtype=torch.float64)`, `.double()`) or "
+              "NumPy's float64 result pulls a float32 input up to float64. Make constants with `x.new_tensor(...)` or "
+              "`torch.ones_like(x)`, and convert back with `.to(x.dtype)`.")
+
+
+def _in_float32(student: Any, spec: FunctionSpec, args: tuple, names: list[str], generator) -> None:
+    """Given float32 inputs, the outputs are float32 and the values and gradients those of
+    the reference in float32 (to float32's precision)."""
+    __tracebackhide__ = True
+    single = tuple(a.detach().float().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor)
+                   and a.dtype == torch.float64 else a for a in args)
+    ref_args = _fresh(single)
+    outs = [o for o in probe.outputs_of(spec.reference(*ref_args)) if probe.differentiable(o)]
+    grad_outputs = [[_like(o, generator) for o in outs]]
+    expected = probe.run(spec.reference, ref_args, grad_outputs)
+    actual = probe.run(student, single, grad_outputs)
+    shown = _describe(single, names)
+    if actual.error:
+        _fail_error(spec, actual.error, names, shown, single)
+    for k, (want, got) in enumerate(zip(expected.outputs, actual.outputs)):
+        label = "forward" if len(expected.outputs) == 1 else f"forward output {k}"
+        if got.dtype != want.dtype:
+            fail(f"{spec.name}: given float32 inputs, {label} returned {got.dtype}, expected {want.dtype}.", *shown,
+                 cause=KEEP_DTYPE)
+    wanted = [*expected.outputs, *(g for g in expected.grads[0] if g is not None)]
+    found = [*actual.outputs, *(g for g in actual.grads[0] if g is not None)]
+    for want, got in zip(wanted, found):
+        scale = 1 + float(want.abs().amax()) if want.numel() else 1
+        if want.is_floating_point() and got.shape == want.shape and not torch.allclose(
+                got.cpu().double(), want.cpu().double(), rtol=1e-3, atol=1e-4 * scale):
+            fail(f"{spec.name}: given float32 inputs, the values or gradients differ from the reference's in float32 "
+                 "by more than float32's rounding.", *shown, f"expected {show(want)}", f"actual   {show(got)}",
+                 cause="a step that loses float32's precision (a sum of large terms that cancel, an exp that "
+                 "overflows in float32), or a value computed from something other than the input.")
 
 
 def _failed_layout(actual: probe.Probe) -> str | None:

@@ -1,6 +1,7 @@
 """The meta-device run catches, without a GPU, what a GPU run would: a tensor made on the
 CPU inside a Function, and an output or gradient left on the CPU (a copy to the CPU there
-gives zeros instead of failing, so a Function that wraps NumPy and moves back passes)."""
+gives zeros instead of failing, so a Function that wraps NumPy and moves back passes).
+And a Function that keeps its input's dtype is run in float32 too."""
 from __future__ import annotations
 
 import contextlib
@@ -66,3 +67,18 @@ def test_a_device_bug_fails_on_the_meta_device(bug, remote):
 @pytest.mark.parametrize("answer", list(RIGHT))
 def test_device_generic_code_passes(answer, remote):
     assert "meta device: forward and backward create no tensor tied to the CPU" in _checked(clipped(*RIGHT[answer]), remote)
+
+
+FLOAT32 = {
+    "a float64 mask": (lambda y, x: y * torch.ones(x.shape, dtype=torch.float64), "returned torch.float64"),
+    "through NumPy, not converted back": (lambda y, x: torch.from_numpy(y.detach().double().numpy()), "returned torch.float64"),
+}
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["kernel", "grader"])
+@pytest.mark.parametrize("bug", list(FLOAT32))
+def test_a_float32_input_must_give_a_float32_output(bug, remote):
+    forward, says = FLOAT32[bug]
+    with pytest.raises(CheckFailed, match="given float32 inputs") as failure:
+        _checked(clipped(forward, KEEP), remote)
+    assert says in str(failure.value) and "keep the input's dtype" in str(failure.value)
