@@ -16,6 +16,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -106,8 +107,8 @@ def _judged(graded: dict, cuda: bool) -> dict:
             if answer is None and student != "correct":
                 continue
             kind, device = (answer or {}).get("kind", "model"), (answer or {}).get("device")
-            full_cpu = kind != "wrong" or device == "cuda"
-            full_gpu = kind != "wrong" or not cuda
+            # A wrong answer loses its points in every run, except a device bug only CUDA catches, without CUDA.
+            full_gpu, full_cpu = (kind != "wrong" or (device == "cuda" and not visible) for visible in (cuda, False))
             expected = f"{'full' if full_gpu else 'less'} / {'full' if full_cpu else 'less'}"
             got = [on_gpu == total, on_cpu == total]
             if got != [full_gpu, full_cpu]:
@@ -142,7 +143,7 @@ def inside(root: Path, cuda: bool) -> None:
     device = [a for a in known.MUTANTS if a.device]
     batch = {"correct": []}
     batch.update(gpu_check.packed("device", device))
-    batch.update(gpu_check.packed("wrong", [a for a in known.MUTANTS if not a.device][:len(found)]))
+    batch.update(gpu_check.packed("wrong", [a for a in known.MUTANTS if not a.device])[:1])  # one of each exercise
     batch.update(gpu_check.packed("right", known.VARIANTS)[:1])
     for student, answers in batch.items():
         course.submit(student, SLUG, {**model, **{a.exercise: a.apply(model[a.exercise]) for a in answers}})
@@ -154,8 +155,9 @@ def inside(root: Path, cuda: bool) -> None:
                               capture_output=True, text=True, timeout=180, env={**os.environ, **env})
         if done.returncode != 0:
             raise SystemExit(f"autograder grade ({name}) failed: {done.stderr[-2000:]}")
-        isolation = next((line.strip() for line in done.stderr.splitlines() if "sandbox" in line.lower()), "?")
-        runs[name] = {"seconds": time.monotonic() - started, "isolation": isolation[:200],
+        said = " ".join(line.strip(" │") for line in done.stderr.splitlines())  # the summary, unwrapped
+        isolation = re.search(r"(bubblewrap sandbox|NO SANDBOX)[^()]*(\([^)]*\))?", said)
+        runs[name] = {"seconds": time.monotonic() - started, "isolation": isolation[0] if isolation else "?",
                       "scores": {s: course.scores(SLUG, s) for s in batch}}
     students = {}
     for student, answers in batch.items():

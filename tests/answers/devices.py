@@ -1,11 +1,12 @@
 """Device bugs, for every exercise whose checks run on each device: answers that are right on
 the CPU and wrong on a GPU, by notebook (for_notebook adds them to the notebook's own).
 
-`device` says which run catches each: "meta" (the checks' run on the meta device, on any
-machine: a tensor made on the CPU meets the inputs), "cuda" (only a run on a GPU: data moved
-to the CPU, which the meta device cannot copy and so cannot judge; an operation whose meta
-kernel checks no device, as matmul; code the meta run cannot follow, as a NumPy kernel),
-"cpu" (a device hard-coded to CUDA fails on the CPU already). test_grading.py skips the "cuda" ones, visibly, where there
+`device` says which run catches each: "meta" (the checks' run of a Function on the meta
+device, on any machine: a tensor made on the CPU meets the inputs, or an output or a
+gradient comes back on the CPU), "cuda" (only a run on a GPU: checks with no meta run; an
+operation whose meta kernel checks no device, as matmul; a forward-mode tangent; a custom
+op, whose meta run is its fake kernel), "cpu" (a device hard-coded to CUDA fails on the CPU
+already). test_grading.py skips the "cuda" ones, visibly, where there
 is no GPU; `make gpu-check` grades them all on one. The exercises of notebooks 01 and 02 are
 left out: their checks run the tape's values on the CPU only.
 """
@@ -14,7 +15,7 @@ from . import right, wrong
 MUTANTS = {
     "03_function_basics": [
         wrong("clipped_relu", "gradient moved to the CPU",
-              ("return grad_output * inside, None", "return (grad_output * inside).cpu(), None"), device="cuda"),
+              ("return grad_output * inside, None", "return (grad_output * inside).cpu(), None"), device="meta"),
         wrong("linear", "bias gradient summed into zeros made on the CPU",
               ("grad_bias = grad_output.sum(0)",
                "grad_bias = torch.zeros(grad_output.shape[1], dtype=grad_output.dtype) + grad_output.sum(0)"),
@@ -22,7 +23,7 @@ MUTANTS = {
         wrong("linear", "output sent to the GPU with .cuda()", ("return output", "return output.cuda()"), device="cpu"),
         wrong("polar_to_cartesian", "outputs moved to the CPU in forward",
               ("return r * torch.cos(theta), r * torch.sin(theta)",
-               "return (r * torch.cos(theta)).cpu(), (r * torch.sin(theta)).cpu()"), device="cuda"),
+               "return (r * torch.cos(theta)).cpu(), (r * torch.sin(theta)).cpu()"), device="meta"),
     ],
     "04_gradient_patterns": [
         wrong("gelu", "a ones tensor made on the CPU in backward",
@@ -43,7 +44,7 @@ MUTANTS = {
                "return grad_output.expand(ctx.shape) * torch.full(ctx.shape, 1 / ctx.shape[ctx.dim], "
                "dtype=grad_output.dtype), None, None"), device="meta"),
         wrong("max", "the mask of maxima kept on the CPU",
-              ("is_max = x == out", "is_max = (x == out).cpu()"), device="cuda"),
+              ("is_max = x == out", "is_max = (x == out).cpu()"), device="meta"),
         wrong("conv2d", "bias gradient added to zeros made on the CPU",
               ("grad_bias = grad_output.sum((0, 2, 3))",
                "grad_bias = torch.zeros(weight.shape[0], dtype=weight.dtype) + grad_output.sum((0, 2, 3))"),
@@ -55,7 +56,7 @@ MUTANTS = {
               device="cuda"),
         wrong("sincos", "gradient moved to the CPU",
               ("return grad_sin * x.cos() - grad_cos * x.sin()", "return (grad_sin * x.cos() - grad_cos * x.sin()).cpu()"),
-              device="cuda"),
+              device="meta"),
         wrong("lerp", "1 - weight with ones made on the CPU",
               ("grad_output * (1 - weight)", "grad_output * (torch.ones(weight.shape, dtype=weight.dtype) - weight)"),
               device="meta"),
@@ -68,7 +69,7 @@ MUTANTS = {
               ("return grad_output * y * (1 - y)", "return grad_output * y * (torch.ones(y.shape, dtype=y.dtype) - y)"),
               device="meta"),
         wrong("tanh_inplace", "gradient moved to the CPU",
-              ("return grad_output * (1 - y * y)", "return (grad_output * (1 - y * y)).cpu()"), device="cuda"),
+              ("return grad_output * (1 - y * y)", "return (grad_output * (1 - y * y)).cpu()"), device="meta"),
         wrong("sort", "gradient scattered into zeros made on the CPU",
               ("torch.zeros_like(grad_values).scatter", "torch.zeros(grad_values.shape, dtype=grad_values.dtype).scatter"),
               device="meta"),
@@ -80,15 +81,15 @@ MUTANTS = {
               device="meta"),
         wrong("sinh_intermediates", "gradient moved to the CPU",
               ("return grad_x + grad_expx * expx - grad_expnegx * expnegx",
-               "return (grad_x + grad_expx * expx - grad_expnegx * expnegx).cpu()"), device="cuda"),
-        wrong("cube_backward", "the factor 6 as a tensor made on the CPU (forward's NumPy kernel: no meta run)",
+               "return (grad_x + grad_expx * expx - grad_expnegx * expnegx).cpu()"), device="meta"),
+        wrong("cube_backward", "the factor 6 as a tensor made on the CPU",
               ("grad_x = grad * grad_out * 6 * x", "grad_x = grad * grad_out * torch.full(x.shape, 6.0, dtype=x.dtype) * x"),
-              device="cuda"),
+              device="meta"),
         wrong("hvp", "v moved to the CPU", ("grad_outputs=v)", "grad_outputs=v.cpu())"), device="cuda"),
     ],
     "08_memory": [
         wrong("leaky_relu", "the mask offloaded to the CPU", ("positive = x > 0", "positive = (x > 0).cpu()"),
-              device="cuda"),
+              device="meta"),
         wrong("linear_relu", "bias gradient added to zeros made on the CPU",
               ("grad_bias = g.sum(0)", "grad_bias = torch.zeros(g.shape[1], dtype=g.dtype) + g.sum(0)"), device="meta"),
         wrong("manual_checkpoint", "restores the CPU's random state only",
@@ -100,7 +101,7 @@ MUTANTS = {
               ("grad_beta = (grad_output", "grad_beta = torch.zeros(beta.shape, dtype=beta.dtype) + (grad_output"),
               device="meta"),
         wrong("logsumexp", "output moved to the CPU", ("ctx.dim = dim\n        return out", "ctx.dim = dim\n        return out.cpu()"),
-              device="cuda"),
+              device="meta"),
         wrong("grad_reverse", "-alpha as a tensor made on the CPU",
               ("return -ctx.alpha * grad_output, None",
                "return torch.full(grad_output.shape, -ctx.alpha, dtype=grad_output.dtype) * grad_output, None"),
@@ -111,17 +112,17 @@ MUTANTS = {
     "10_modern_api": [
         wrong("clipped_relu", "gradient moved to the CPU",
               ("return grad_output * ((x > 0) & (x < ctx.clip)), None",
-               "return (grad_output * ((x > 0) & (x < ctx.clip))).cpu(), None"), device="cuda"),
+               "return (grad_output * ((x > 0) & (x < ctx.clip))).cpu(), None"), device="meta"),
         wrong("swish_jvp", "tangent moved to the CPU",
               ("return x_t * (s + beta * x * s * (1 - s)) + beta_t * x * x * s * (1 - s)",
                "return (x_t * (s + beta * x * s * (1 - s)) + beta_t * x * x * s * (1 - s)).cpu()"), device="cuda"),
-        wrong("logsumexp_op", "NumPy's result not moved back to the input's device",
+        wrong("logsumexp_op", "NumPy's result not moved back to the input's device (meta runs the fake kernel)",
               ("return torch.from_numpy(np.asarray(out)).to(device=x.device, dtype=x.dtype)",
                "return torch.from_numpy(np.asarray(out)).to(dtype=x.dtype)"), device="cuda"),
     ],
     "11_capstone": [
         wrong("fused_cross_entropy", "gradient moved to the CPU",
-              ("return grad, None, None, None, None", "return grad.cpu(), None, None, None, None"), device="cuda"),
+              ("return grad, None, None, None, None", "return grad.cpu(), None, None, None, None"), device="meta"),
     ],
 }
 
