@@ -355,12 +355,12 @@ def test_checkpoint_with_hooks_mutants(label, expected, cause):
     ("keeps the mask in a class attribute instead of saving it (saves 0 bytes)", m.check_leaky_relu,
      "LeakyReLU: after forward, a tensor forward created (bool of shape (2, 3), 6 bytes) is still alive, kept by "
      "the class attribute `LeakyReLU.positive`"),
-    ("keeps the mask in a module global instead of saving it", m.check_leaky_relu,
-     "LeakyReLU: after forward, a tensor forward created (bool of shape (2, 3), 6 bytes) is still alive, kept by "
-     "the global variable `_positive`"),
-    ("saves the mask, and logs it through a helper with a list default argument", m.check_leaky_relu,
-     "LeakyReLU: after backward, with the inputs, the outputs and the graph let go of, a tensor forward created "
-     "(bool of shape (2, 3), 6 bytes) is still alive, kept by a default argument of `logged`"),
+    ("keeps the mask in a module global instead of saving it", m.check_linear_relu,
+     "LinearReLU: after forward, a tensor forward created (bool of shape (4, 5), 20 bytes) is still alive, kept by "
+     "the global variable `_mask`"),
+    ("saves the inputs, and logs them through a helper with a list default argument", m.check_checkpoint,
+     "Checkpoint: after backward, with the inputs, the outputs and the graph let go of, the input `x` (float64 of "
+     "shape (3, 4), 96 bytes) is still alive, kept by a default argument of `logged`"),
     ("keeps x and weight in a dict of an enclosing function (a closure): saves only the mask", m.check_linear_relu,
      "LinearReLU: after backward, with the inputs, the outputs and the graph let go of, the input `x` (float64 of "
      "shape (4, 3), 96 bytes) is still alive, kept by the variable `kept` of `_fused_layer`"),

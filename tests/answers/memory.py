@@ -120,14 +120,16 @@ class Checkpoint(torch.autograd.Function):
     wrong("leaky_relu", "keeps the mask in a class attribute instead of saving it (saves 0 bytes)",
           ("ctx.save_for_backward(positive)", "LeakyReLU.positive = positive"),
           ("(positive,) = ctx.saved_tensors", "positive = LeakyReLU.positive")),
-    wrong("leaky_relu", "keeps the mask in a module global instead of saving it",
-          ("ctx.save_for_backward(positive)", "global _positive\n        _positive = positive"),
-          ("(positive,) = ctx.saved_tensors", "positive = _positive")),
-    wrong("leaky_relu", "saves the mask, and logs it through a helper with a list default argument",
-          ("class LeakyReLU(torch.autograd.Function):",
-           "def logged(t, _log=[]):  # a record of every mask, for debugging\n    _log.append(t)\n    return t\n\n\n"
-           "class LeakyReLU(torch.autograd.Function):"),
-          ("positive = x > 0", "positive = logged(x > 0)")),
+    wrong("linear_relu", "keeps the mask in a module global instead of saving it",
+          ("ctx.save_for_backward(x if weight_needs else None, weight if x_needs else None, mask)",
+           "ctx.save_for_backward(x if weight_needs else None, weight if x_needs else None)\n"
+           "        global _mask\n        _mask = mask"),
+          ("x, weight, mask = ctx.saved_tensors", "x, weight = ctx.saved_tensors\n        mask = _mask")),
+    wrong("manual_checkpoint", "saves the inputs, and logs them through a helper with a list default argument",
+          ("class Checkpoint(torch.autograd.Function):",
+           "def logged(*tensors, _log=[]):  # a record of every call, for debugging\n    _log.append(tensors)\n"
+           "    return tensors\n\n\nclass Checkpoint(torch.autograd.Function):"),
+          ("        ctx.save_for_backward(*inputs)\n", "        ctx.save_for_backward(*logged(*inputs))\n")),
     wrong("linear_relu", "keeps x and weight in a dict of an enclosing function (a closure): saves only the mask",
           source='''
 def _fused_layer():
