@@ -59,8 +59,9 @@ def check_function(student: Any, spec: FunctionSpec, *, seed: int | None = 0) ->
         cases = spec.cases(generator)
         partial: set[str] = set()
         for device in devices.available():
-            for args in cases:
-                rounded = _agree(student, spec, devices.prepare(args, device), names, generator)
+            plans = [_plan(spec, devices.prepare(args, device), names, generator) for args in cases]
+            for args, plan, actual in zip(cases, plans, probe.run_many(student, [plan.run for plan in plans])):
+                rounded = _agree(student, spec, plan, actual, names)
                 partial |= _agree_in_part(student, spec, devices.prepare(args, device), names, generator)
                 if isinstance(student, probe.StudentProxy):
                     _finite_differences(student, spec, devices.prepare(args, device), names, generator, rounded=rounded)
@@ -112,11 +113,20 @@ LAYOUT_WORDS = {
 LAYOUTS = ["strided", "expanded"]  # of the random grad_outputs, and of the ones
 
 
-def _agree(student: Any, spec: FunctionSpec, args: tuple, names: list[str], generator) -> bool:
-    """Fail unless the student's code agrees with the reference on `args`; return whether
-    its forward values are float32 numbers (see `_compare_outputs`)."""
-    __tracebackhide__ = True
-    shown = _describe(args, names)  # before the student's forward runs: it might change them
+@dataclass
+class _Plan:
+    """One case of `_agree`: the student's run to make, and what the reference gave."""
+
+    args: tuple
+    shown: list[str]  # the arguments, described before the student's forward could change them
+    grad_outputs: list[list[torch.Tensor]]
+    expected: probe.Probe
+    run: probe.Run
+
+
+def _plan(spec: FunctionSpec, args: tuple, names: list[str], generator) -> _Plan:
+    """The reference's forward, backward (random and constant grad_outputs) and double
+    backward on `args`, and the same run to ask of the student's code."""
     ref_args = _fresh(args)
     outs = [o for o in probe.outputs_of(spec.reference(*ref_args)) if probe.differentiable(o)]
     grad_outputs = [[_like(o, generator) for o in outs], [torch.ones_like(o) for o in outs]]
@@ -125,7 +135,16 @@ def _agree(student: Any, spec: FunctionSpec, args: tuple, names: list[str], gene
     expected = probe.run(spec.reference, ref_args, grad_outputs, grad_grads)
     if expected.error:
         raise RuntimeError(f"reference of {spec.name}: {expected.error}")
-    actual = probe.run(student, args, grad_outputs, grad_grads, LAYOUTS, watch=not spec.autograd_in_backward)
+    return _Plan(args, _describe(args, names), grad_outputs, expected,
+                 probe.Run(args, grad_outputs, grad_grads, LAYOUTS, watch=not spec.autograd_in_backward))
+
+
+def _agree(student: Any, spec: FunctionSpec, plan: _Plan, actual: probe.Probe, names: list[str]) -> bool:
+    """Fail unless the student's run agrees with the reference's; return whether its
+    forward values are float32 numbers (see `_compare_outputs`)."""
+    __tracebackhide__ = True
+    args, shown, grad_outputs, expected = plan.args, plan.shown, plan.grad_outputs, plan.expected
+    outs = [o for o in expected.outputs if probe.differentiable(o)]
     labels = _labels(names, len(args))
     error = actual.error
 
@@ -228,6 +247,7 @@ def _agree_in_part(student: Any, spec: FunctionSpec, args: tuple, names: list[st
         runs += [(subset, None) for r in range(1, len(slots)) for subset in itertools.combinations(slots, r)]
     if n_outs > 1:
         runs += [(tuple(slots), k) for k in range(n_outs)]
+    planned = []  # (subset, only, the arguments, grad_outputs, what the reference gives)
     for subset, only in runs:
         part = tuple(
             a.detach().clone().requires_grad_(i in subset) if i in slots else a for i, a in enumerate(args)
@@ -238,7 +258,10 @@ def _agree_in_part(student: Any, spec: FunctionSpec, args: tuple, names: list[st
         expected = probe.run(spec.reference, ref_args, grad_outputs)
         if expected.error:
             raise RuntimeError(f"reference of {spec.name}: {expected.error}")
-        actual = probe.run(student, part, grad_outputs, None, LAYOUTS[:1])
+        planned.append((subset, only, part, grad_outputs, expected))
+    actuals = probe.run_many(student, [probe.Run(part, grad_outputs, None, LAYOUTS[:1])
+                                       for _, _, part, grad_outputs, _ in planned])
+    for (subset, only, part, grad_outputs, expected), actual in zip(planned, actuals):
         if only is None:
             needing = " and ".join(f"`{labels[i]}`" for i in subset)
             when = f"when only {needing} {'requires' if len(subset) == 1 else 'require'} grad"
@@ -535,8 +558,16 @@ def _second_finite_differences(student: probe.StudentProxy, spec: FunctionSpec, 
         _fail_error(spec, outs, names, _describe(args, names))
     vs = [torch.randn(o.shape, generator=generator, dtype=o.dtype) for o in outs if o.is_floating_point()]
     ws = [torch.randn(plain[i].shape, generator=generator, dtype=plain[i].dtype) for i in slots]
-    base = probe.run(student, with_grad(plain), [vs], ws)
-    if base.error or base.grads2 is None:
+    us = [torch.randn(plain[i].shape, generator=generator, dtype=plain[i].dtype) for i in slots]
+    dvs = [torch.randn(v.shape, generator=generator, dtype=v.dtype) for v in vs]
+    # All in one request: the point itself, x ± eps·u along each input, and the point again with dv.
+    points = [probe.Run(with_grad(plain), [vs], ws)]
+    for i, u in zip(slots, us):
+        points += [probe.Run(with_grad([p + sign * eps * u if k == i else p for k, p in enumerate(plain)]), [vs])
+                   for sign in (1, -1)]
+    points.append(probe.Run(with_grad(plain), [dvs]))
+    base, *sides, along = probe.run_many(student, points)
+    if base.error or base.grads2 is None or any(side.error for side in sides) or along.error:
         return  # the comparison with the reference has said what is wrong
 
     def pairing(grads: list) -> float:
@@ -551,24 +582,13 @@ def _second_finite_differences(student: probe.StudentProxy, spec: FunctionSpec, 
             cause="the backward's own derivative is off: double backward must be the derivative of backward.",
         )
 
-    for n, i in enumerate(slots):
-        u = torch.randn(plain[i].shape, generator=generator, dtype=plain[i].dtype)
-        sides = []
-        for sign in (1, -1):
-            moved = list(plain)
-            moved[i] = plain[i] + sign * eps * u
-            sides.append(probe.run(student, with_grad(moved), [vs]))
-        if any(side.error for side in sides):
-            return
-        numeric = (pairing(sides[0].grads[0]) - pairing(sides[1].grads[0])) / (2 * eps)
+    for n, (i, u) in enumerate(zip(slots, us)):
+        plus, minus = sides[2 * n], sides[2 * n + 1]
+        numeric = (pairing(plus.grads[0]) - pairing(minus.grads[0])) / (2 * eps)
         second = base.grads2[n]
         analytical = 0.0 if second is None else float((second.cpu() * u).sum())
         if not _close(numeric, analytical):
             disagree(f"`{labels[i]}`")
-    dvs = [torch.randn(v.shape, generator=generator, dtype=v.dtype) for v in vs]
-    along = probe.run(student, with_grad(plain), [dvs])
-    if along.error:
-        return
     numeric = pairing(along.grads[0])
     analytical = sum(0.0 if g is None else float((g.cpu() * dv).sum())
                      for g, dv in zip(base.grads2[len(slots):], dvs))
@@ -640,9 +660,8 @@ def on_meta(student: Any, cases: Sequence[tuple], names: list[str]) -> str:
     gradient left there, shows up without a GPU; returns the note to print. (A 0-d CPU
     tensor mixes with tensors of any device, so one case is not enough.)"""
     __tracebackhide__ = True
-    for args in cases:
-        meta_args = devices.prepare(args, "meta")
-        run = probe.meta(student, meta_args)
+    arg_sets = [devices.prepare(args, "meta") for args in cases]
+    for args, meta_args, run in zip(cases, arg_sets, probe.meta(student, arg_sets)):
         moved = [f"output {k}" for k, device in enumerate(run.outputs) if device != "meta"]
         moved += [f"the gradient for input {k}" for k, device in enumerate(run.grads) if device != "meta"]
         if moved:
