@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import inspect
+import sys
 
 import nbformat
 import pytest
@@ -37,8 +38,7 @@ HIDDEN = {
     "basic_ops": lambda get: checks.check_ops_on_programs(*(get(f"operator_{o}") for o in BASIC), programs=4, seed=None),
     "grad": lambda get: checks.check_grad(get("grad"), programs=4, seed=None),
     "more_ops": lambda get: checks.check_ops_on_programs(*(get(f"operator_{o}") for o in MORE[:3]), programs=4, seed=None),
-    "topological_order": lambda get: checks.check_topological_order(get("topological_order"), programs=3, seed=None,
-                                                                    deep=False),
+    "topological_order": lambda get: checks.check_topological_order(get("topological_order"), programs=3, seed=None),
     "hvp": lambda get: checks02.check_hvp(get("hvp"), seed=None),
     "exp_mul": lambda get: checks02.check_exp_mul(get("operator_exp_mul"), programs=4, seed=None),
 }
@@ -66,6 +66,9 @@ EXPECTED = {
     "depth-first pre-order": "Depth-first order is not enough",
     "breadth-first order": "which uses its output",
     "no visited set: shared entries twice": "appears more than once",
+    "recursion with the recursion limit raised inside": "`visit` was running 10,001 times at once",
+    "recursion with the recursion limit raised in the answer cell": "whatever limit the notebook set",
+    "a recursive generator (yield from), the limit raised": "`post_order` was running 10,001 times at once",
     "returns the first gradient": "that is the gradient of f, not the Hessian times v",
     "detaches the gradient": "must stay a Variable on the tape",
     "forgets v": "multiply the gradient by v before summing it",
@@ -383,6 +386,40 @@ def test_the_deep_chain_leaves_garbage_collection_as_it_found_it(enabled):
         assert gc.isenabled() is enabled
     finally:
         gc.enable()
+
+
+SWITCHES_THE_TRACER_OFF = '''
+import sys
+
+
+def topological_order(root):
+    sys.settrace(None)
+    sys.setrecursionlimit(100_000)
+    order, visited = [], set()
+
+    def visit(entry):
+        visited.add(entry)
+        for child in entry.next_entries:
+            if child is not None and child not in visited:
+                visit(child)
+        order.append(entry)
+
+    visit(root)
+    return order[::-1]
+'''
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_recursion_watch_restores_the_limit_and_the_tracer_and_sees_a_student_switch_it_off(mode):
+    ns = namespace("01_tape_autograd", {"topological_order": SWITCHES_THE_TRACER_OFF})
+    limit, tracer = sys.getrecursionlimit(), sys.gettrace()
+    sys.setrecursionlimit(limit + 7)  # as a notebook might
+    try:
+        with pytest.raises(CheckFailed, match="switched off the tracer"):
+            CALLS["topological_order"](_getter(ns, mode))
+        assert sys.getrecursionlimit() == limit + 7 and sys.gettrace() is tracer
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 def test_the_notebooks_tape_is_restored_after_a_check():

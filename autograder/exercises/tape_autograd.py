@@ -927,6 +927,15 @@ def check_grad(grad: Callable[..., list], *, programs: int = 0, seed: int | None
 
 DEEP = 10_000
 DEEP_CHAIN = tape.Program(1, tuple(("neg", (k,)) for k in range(DEEP)) + (("sum", (DEEP,)),), (3,))
+# Deeper than any nesting a solution without recursion has; far shallower than these graphs.
+NESTED = 100
+
+
+def deep_ladder(rng: random.Random) -> tape.Program:
+    """About 10,000 entries deep, every value used twice: v' = sin(v), then v'' = v' * v."""
+    rungs = DEEP // 2 + rng.randrange(500)
+    steps = tuple(step for k in range(rungs) for step in (("sin", (2 * k,)), ("mul", (2 * k + 1, 2 * k))))
+    return tape.Program(1, steps + (("sum", (2 * rungs,)),), (3,))
 ORDER_CASES = [
     (tape.Program(2, (("exp", (0,)), ("mul", (2, 1)), ("sin", (3,)), ("mul", (4, 2)), ("add", (5, 2)), ("sum", (6,))), (3,)),
      "y = exp(x); L = sum(sin(y * w) * y + y)"),
@@ -944,11 +953,13 @@ def _judge_order(topological_order: Callable[..., Any], program: tape.Program, d
     transcript = probe.invoke(tape.order_transcript, topological_order, program.data, xs)
     error = transcript["error"]
     if probe.ProbeError.from_data(error) and error["type"] == "RecursionError":
-        fail(f"topological_order: RecursionError on {description}.",
+        fail(f"topological_order: RecursionError on {description} (the check runs your code with Python's "
+             "default recursion limit, whatever limit the notebook set).",
              cause="Python allows about 1,000 nested calls, and real graphs are deeper: replace the "
              "recursion with an explicit stack (or count each entry's consumers, as PyTorch's engine does).")
     if error:
         _fail_error("topological_order", error)
+    _judge_nesting(transcript.get("recursion"), description)
     try:
         order = [int(k) for k in transcript["order"].split()]
     except (AttributeError, ValueError):
@@ -987,11 +998,37 @@ def _judge_order(topological_order: Callable[..., Any], program: tape.Program, d
                 )
 
 
+def _judge_nesting(recursion: Any, description: str) -> None:
+    """Fail if a function of the student's was running many times at once: recursion, even
+    when a raised recursion limit let it finish (observed in the student's process: best
+    effort)."""
+    __tracebackhide__ = True
+    if not isinstance(recursion, dict):
+        raise probe.Malformed("malformed recursion report")
+    deepest, function = recursion.get("deepest"), recursion.get("function")
+    if not isinstance(deepest, int) or not isinstance(function, str):
+        raise probe.Malformed("malformed recursion report")
+    if recursion.get("untraced"):
+        fail(f"topological_order switched off the tracer that watches for recursion ({description}).",
+             cause="leave sys.settrace alone: the check runs your function under a tracer to see how deeply "
+             "it nests.")
+    if deepest > NESTED:
+        raised = (" It changed the recursion limit: `sys.setrecursionlimit` postpones the RecursionError, it "
+                  "does not remove the recursion (and a deep enough graph crashes the process)."
+                  if recursion.get("limit_changed") else "")
+        fail(f"topological_order recursed on {description}: `{function}` was running {deepest:,} times at once, "
+             f"one call per level of the graph.{raised}",
+             cause="the work of each pending entry must live in a data structure of yours, not in Python's call "
+             "stack: an explicit stack of (entry, iterator) pairs, or Kahn's algorithm with consumer counts.")
+
+
 def check_topological_order(
     topological_order: Callable[[Any], list], *, seed: int | None = 0, programs: int = 0, deep: bool = True
 ) -> None:
     """Every reachable entry once, each after all entries that consume its outputs, and
-    (with `deep`) on a 10,000-deep chain."""
+    (with `deep`) on a 10,000-deep chain and a 10,000-deep graph of shared values, without
+    recursion: Python's default recursion limit is in force, and no function of the
+    student's may nest more than `NESTED` deep (raising the limit does not help)."""
     __tracebackhide__ = True
     rng = random.Random(inputs.seed_of(seed))
     with quiet(), answering(()):
@@ -1003,8 +1040,10 @@ def check_topological_order(
                          "a random program")
         if deep:
             _judge_order(topological_order, DEEP_CHAIN, f"a chain of {DEEP:,} negations")
+            ladder = deep_ladder(rng)
+            _judge_order(topological_order, ladder, f"a graph {len(ladder.steps):,} entries deep, every value used twice")
     extra = f", {programs} random programs" if programs else ""
-    chain = f" and a {DEEP:,}-deep chain" if deep else ""
+    chain = " and 10,000-deep graphs, without recursion (Python's default recursion limit; nesting watched)" if deep else ""
     passed(f"topological_order: valid on shared values{extra}{chain}.")
 
 

@@ -22,6 +22,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import sys
+import threading
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
@@ -477,13 +480,66 @@ def order_transcript(topological_order: Callable[..., Any], program: tuple, xs: 
         with _collector_paused():  # 10,000 entries, each in a reference cycle with its output
             pool = run_program(prog, [tape.var(x) for x in xs], ops)
         step_of = {id(entry): k for k, entry in enumerate(tape.tape)}
+        watch = RecursionWatch()
         try:
-            order = list(topological_order(pool[-1].grad_fn))
+            with watch:
+                order = list(topological_order(pool[-1].grad_fn))
         except Exception as exc:  # the student's code may raise anything
-            return {"error": _error("topological_order", exc), "order": None}
+            return {"error": _error("topological_order", exc), "order": None, "recursion": watch.data()}
         entry_type = tape.ns["TapeEntry"]
         steps = (step_of.get(id(e), -1) if isinstance(e, entry_type) else -2 for e in order)
-        return {"error": None, "order": " ".join(map(str, steps))}  # one string: 10,000 numbers cross fast
+        # one string: 10,000 numbers cross fast
+        return {"error": None, "order": " ".join(map(str, steps)), "recursion": watch.data()}
+
+
+class RecursionWatch:
+    """Runs code with Python's default recursion limit (above the frames already running),
+    whatever limit the notebook set, and notes how deeply any one function was nested
+    meanwhile (`sys.settrace`, call and return events only) and whether the code changed
+    the limit. Best effort: it runs in the student's process, whose code can switch the
+    tracer off."""
+
+    LIMIT = 1000  # Python's default
+
+    def __init__(self) -> None:
+        self.active: Counter = Counter()
+        self.deepest, self.function = 0, ""
+        self.limit_changed, self.untraced = False, False
+
+    def _return(self, frame: Any, event: str, arg: Any) -> Any:
+        if event == "return":
+            self.active[frame.f_code] -= 1
+        return self._return
+
+    def _call(self, frame: Any, event: str, arg: Any) -> Any:
+        code = frame.f_code
+        self.active[code] += 1
+        if self.active[code] > self.deepest:
+            self.deepest, self.function = self.active[code], code.co_name
+        frame.f_trace_lines = False
+        return self._return
+
+    def __enter__(self) -> "RecursionWatch":
+        depth, frame = 0, sys._getframe()
+        while frame is not None:
+            depth, frame = depth + 1, frame.f_back
+        self._limit, self._tracer, self._thread_tracer = sys.getrecursionlimit(), sys.gettrace(), threading.gettrace()
+        self._pinned = depth + self.LIMIT
+        sys.setrecursionlimit(self._pinned)
+        sys.settrace(self._call)
+        threading.settrace(self._call)  # threads the code starts
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.untraced = sys.gettrace() != self._call  # (a bound method: equal, never identical)
+        sys.settrace(self._tracer)
+        threading.settrace(self._thread_tracer)
+        self.limit_changed = sys.getrecursionlimit() != self._pinned
+        sys.setrecursionlimit(self._limit)
+
+    def data(self) -> dict:
+        return {"deepest": self.deepest, "function": self.function, "limit_changed": self.limit_changed,
+                "untraced": self.untraced}
 
 
 @contextlib.contextmanager

@@ -85,6 +85,60 @@ def topological_order(root):
             order.append(entry)
     return order[::-1]
 '''),
+    wrong("topological_order", "recursion with the recursion limit raised inside", source='''
+import sys
+
+
+def topological_order(root):
+    sys.setrecursionlimit(100_000)
+    order, visited = [], set()
+
+    def visit(entry):
+        visited.add(entry)
+        for child in entry.next_entries:
+            if child is not None and child not in visited:
+                visit(child)
+        order.append(entry)
+
+    visit(root)
+    return order[::-1]
+'''),
+    wrong("topological_order", "recursion with the recursion limit raised in the answer cell", source='''
+import sys
+
+sys.setrecursionlimit(100_000)
+
+
+def topological_order(root):
+    order, visited = [], set()
+
+    def visit(entry):
+        visited.add(entry)
+        for child in entry.next_entries:
+            if child is not None and child not in visited:
+                visit(child)
+        order.append(entry)
+
+    visit(root)
+    return order[::-1]
+'''),
+    wrong("topological_order", "a recursive generator (yield from), the limit raised", source='''
+import sys
+
+
+def topological_order(root):
+    sys.setrecursionlimit(100_000)
+    visited = {root}
+
+    def post_order(entry):
+        for child in entry.next_entries:
+            if child is not None and child not in visited:
+                visited.add(child)
+                yield from post_order(child)
+        yield entry
+
+    return list(post_order(root))[::-1]
+'''),
 ]
 
 VARIANTS = [
@@ -163,6 +217,22 @@ def operator_matmul(self, rhs):
     r = Variable(self.value @ rhs.value)
     record("matmul", [self, rhs], [r], lambda g: [(rhs @ g[0].t()).t(), (g[0].t() @ self).t()])
     return r
+'''),
+    right("topological_order", "two stacks, and a helper function called once per entry", source='''
+def topological_order(root):
+    def unseen_children(entry, seen):
+        return [c for c in entry.next_entries if c is not None and c not in seen]
+
+    seen, todo, finished = set(), [(root, False)], []
+    while todo:
+        entry, expanded = todo.pop()
+        if expanded:
+            finished.append(entry)
+        elif entry not in seen:
+            seen.add(entry)
+            todo.append((entry, True))
+            todo.extend((child, False) for child in unseen_children(entry, seen))
+    return finished[::-1]
 '''),
     right("topological_order", "Kahn's algorithm with consumer counts", source='''
 from collections import Counter
