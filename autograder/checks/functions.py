@@ -64,9 +64,9 @@ def check_function(student: Any, spec: FunctionSpec, *, seed: int | None = 0) ->
                 rounded = _agree(student, spec, plan, actual, names)
                 partial |= _agree_in_part(student, spec, devices.prepare(args, device), names, generator)
                 if isinstance(student, probe.StudentProxy):
-                    _finite_differences(student, spec, devices.prepare(args, device), names, generator, rounded=rounded)
+                    _finite_differences(student, spec, plan, actual, names, generator, rounded=rounded)
                     if spec.double_backward:
-                        _second_finite_differences(student, spec, devices.prepare(args, device), names, generator)
+                        _second_finite_differences(student, spec, plan, actual, names, generator)
                 else:
                     _gradcheck(student, spec, devices.prepare(args, device), names, rounded=rounded)
         if spec.keeps_dtype:
@@ -513,65 +513,70 @@ def _gradcheck_error(check: Callable, fn: Callable, tensors: tuple, fast_mode: b
 DIRECTIONS = 2  # random directions per input: a wrong entry escapes both with probability 0
 
 
-def _finite_differences(student: probe.StudentProxy, spec: FunctionSpec, args: tuple, names: list[str],
-                        generator: torch.Generator, eps: float = 1e-6, *, rounded: bool = False) -> None:
+def _finite_differences(student: probe.StudentProxy, spec: FunctionSpec, plan: _Plan, actual: probe.Probe,
+                        names: list[str], generator: torch.Generator, eps: float = 1e-6, *, rounded: bool = False) -> None:
     """gradcheck for code that runs elsewhere: central differences of the student's own
-    forward values, computed here, against the student's vector-Jacobian products.
+    forward values, computed here, against the student's vector-Jacobian products (those of
+    `_agree`'s run, for its random grad_outputs).
 
     As gradcheck's fast_mode: along random directions u of each input, the difference
     quotient of <f, v> must equal <vjp(v), u>, which takes 2 forwards per direction
     instead of 2 per entry. Only when one disagrees are the entries of that input
     differenced one by one, to name the wrong one."""
     __tracebackhide__ = True
+    args = plan.args
     slots = [i for i, a in enumerate(args) if probe.differentiable(a)]
     plain = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
-    moves = [(i, torch.randn(plain[i].shape, generator=generator, dtype=plain[i].dtype))
-             for i in slots for _ in range(DIRECTIONS)]
+    moves = [(i, _direction(plain[i], generator)) for i in slots for _ in range(DIRECTIONS)]
     forwards = _forwards(student, spec, plain, [(i, u * eps) for i, u in moves], names, args)
     if not forwards:
         return
-    vs = [torch.randn(o.shape, generator=generator, dtype=o.dtype) for o in forwards[0][0]]
-    analytical = probe.run(student, args, [vs]).grads[0]
-    grads = {i: torch.zeros_like(plain[i]) if g is None else g.cpu() for i, g in zip(slots, analytical)}
+    vs = plan.grad_outputs[0]
+    grads = {i: torch.zeros_like(plain[i]) if g is None else g for i, g in zip(slots, actual.grads[0])}
     for (i, u), (plus, minus) in zip(moves, forwards):
         numeric = _slope(plus, minus, vs, eps)
-        if not _close(numeric, float((grads[i] * u).sum())):
-            _locate(student, spec, plain, i, grads[i], vs, names, args, eps, rounded)
+        if not _close(numeric, float((grads[i].cpu() * u.cpu()).sum())):
+            _locate(student, spec, plain, i, grads[i].cpu(), vs, names, args, eps, rounded)
 
 
-def _second_finite_differences(student: probe.StudentProxy, spec: FunctionSpec, args: tuple, names: list[str],
-                               generator: torch.Generator, eps: float = 1e-6) -> None:
+def _direction(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """A random direction of `x`'s shape, dtype and device (drawn on the CPU's generator)."""
+    return torch.randn(x.shape, generator=generator, dtype=x.dtype).to(x.device)
+
+
+def _second_finite_differences(student: probe.StudentProxy, spec: FunctionSpec, plan: _Plan, actual: probe.Probe,
+                               names: list[str], generator: torch.Generator, eps: float = 1e-6) -> None:
     """gradgradcheck for code that runs elsewhere: along a random direction u of each input,
     central differences of the student's own vector-Jacobian product <vjp(x; v), w> must
-    equal <d/dx, u> of the student's double backward; and since a vjp is linear in v, its
-    derivative along a direction dv of grad_output is <vjp(x; dv), w>."""
+    equal <d/dx, u> of the student's double backward (`_agree`'s run, for its v and w); and
+    since a vjp is linear in v, its derivative along a direction dv of grad_output is
+    <vjp(x; dv), w>."""
     __tracebackhide__ = True
+    args, base = plan.args, actual
+    if base.error or base.grads2 is None:
+        return  # the comparison with the reference has said what is wrong
     slots = [i for i, a in enumerate(args) if probe.differentiable(a)]
     plain = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
     labels = _labels(names, len(args))
+    vs, ws = plan.grad_outputs[0], list(plan.run.grad_grads or [])
 
     def with_grad(values: list) -> tuple:
         return tuple(v.detach().clone().requires_grad_() if i in slots else v for i, v in enumerate(values))
 
-    outs = probe.forward_many(student, [tuple(plain)])[0]
-    if isinstance(outs, probe.ProbeError):
-        _fail_error(spec, outs, names, _describe(args, names))
-    vs = [torch.randn(o.shape, generator=generator, dtype=o.dtype) for o in outs if o.is_floating_point()]
-    ws = [torch.randn(plain[i].shape, generator=generator, dtype=plain[i].dtype) for i in slots]
-    us = [torch.randn(plain[i].shape, generator=generator, dtype=plain[i].dtype) for i in slots]
-    dvs = [torch.randn(v.shape, generator=generator, dtype=v.dtype) for v in vs]
-    # All in one request: the point itself, x ± eps·u along each input, and the point again with dv.
-    points = [probe.Run(with_grad(plain), [vs], ws)]
+    us = [_direction(plain[i], generator) for i in slots]
+    dvs = [_direction(v, generator) for v in vs]
+    # All in one request: x ± eps·u along each input, and the point itself with dv.
+    points = []
     for i, u in zip(slots, us):
         points += [probe.Run(with_grad([p + sign * eps * u if k == i else p for k, p in enumerate(plain)]), [vs])
                    for sign in (1, -1)]
     points.append(probe.Run(with_grad(plain), [dvs]))
-    base, *sides, along = probe.run_many(student, points)
-    if base.error or base.grads2 is None or any(side.error for side in sides) or along.error:
-        return  # the comparison with the reference has said what is wrong
+    *sides, along = probe.run_many(student, points)
+    if any(side.error for side in sides) or along.error:
+        return
 
     def pairing(grads: list) -> float:
-        return sum(float((g.cpu() * w).sum()) for g, w in zip(grads, ws) if g is not None)
+        return sum(float((g.cpu() * w.cpu()).sum()) for g, w in zip(grads, ws) if g is not None)
 
     def disagree(target: str) -> None:
         __tracebackhide__ = True
@@ -586,11 +591,11 @@ def _second_finite_differences(student: probe.StudentProxy, spec: FunctionSpec, 
         plus, minus = sides[2 * n], sides[2 * n + 1]
         numeric = (pairing(plus.grads[0]) - pairing(minus.grads[0])) / (2 * eps)
         second = base.grads2[n]
-        analytical = 0.0 if second is None else float((second.cpu() * u).sum())
+        analytical = 0.0 if second is None else float((second.cpu() * u.cpu()).sum())
         if not _close(numeric, analytical):
             disagree(f"`{labels[i]}`")
     numeric = pairing(along.grads[0])
-    analytical = sum(0.0 if g is None else float((g.cpu() * dv).sum())
+    analytical = sum(0.0 if g is None else float((g.cpu() * dv.cpu()).sum())
                      for g, dv in zip(base.grads2[len(slots):], dvs))
     if not _close(numeric, analytical):
         disagree("grad_output")
@@ -660,6 +665,7 @@ def on_meta(student: Any, cases: Sequence[tuple], names: list[str]) -> str:
     gradient left there, shows up without a GPU; returns the note to print. (A 0-d CPU
     tensor mixes with tensors of any device, so one case is not enough.)"""
     __tracebackhide__ = True
+    cases = _meta_cases(cases)
     arg_sets = [devices.prepare(args, "meta") for args in cases]
     for args, meta_args, run in zip(cases, arg_sets, probe.meta(student, arg_sets)):
         moved = [f"output {k}" for k, device in enumerate(run.outputs) if device != "meta"]
@@ -675,6 +681,13 @@ def on_meta(student: Any, cases: Sequence[tuple], names: list[str]) -> str:
             fail(f"on another device (meta) {what}.", *_describe(meta_args, names), cause=cause)
         return f"meta device: not checked ({error.type} from an operation meta tensors do not support)."
     return "meta device: forward and backward create no tensor tied to the CPU and leave nothing there."
+
+
+def _meta_cases(cases: Sequence[tuple]) -> list[tuple]:
+    """The cases worth a meta run (each costs tens of milliseconds there): the first, and the
+    first whose tensors all have dimensions (a 0-d tensor made on the CPU mixes with any)."""
+    shaped = next((c for c in cases if all(a.dim() for a in c if isinstance(a, torch.Tensor))), None)
+    return [cases[0]] + ([shaped] if shaped is not None and shaped is not cases[0] else [])
 
 
 DEVICE = ("a tensor your Function returns must be on its inputs' device: `.cpu()`, `.numpy()` without moving back, "

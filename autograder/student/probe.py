@@ -447,16 +447,24 @@ def _meta_many(fn: Any, arg_sets: list) -> list:
     return [_meta(fn, args) for args in arg_sets]
 
 
+META_OPERATIONS = 1000  # on the meta device each costs a millisecond or so: an iteration there is not followed
+
+
 class _CopiesToCpu(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.operations = 0
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        self.operations += 1
+        if self.operations > META_OPERATIONS:
+            raise RuntimeError(f"more than {META_OPERATIONS} operations: too long to follow on the meta device")
         source = args[0] if args and isinstance(args[0], torch.Tensor) else None
-        if source is not None and source.device.type == "meta":
-            device = kwargs.get("device")
-            if func is torch.ops.aten._to_copy.default and device is not None and torch.device(device).type == "cpu":
-                return torch.zeros(source.shape, dtype=kwargs.get("dtype") or source.dtype, device="cpu")
-            if func is torch.ops.aten._local_scalar_dense.default:  # .item()
-                return 0
+        device = kwargs.get("device")
+        if (func is torch.ops.aten._to_copy.default and source is not None and source.device.type == "meta"
+                and device is not None and torch.device(device).type == "cpu"):
+            return torch.zeros(source.shape, dtype=kwargs.get("dtype") or source.dtype, device="cpu")
         return func(*args, **kwargs)
 
 
