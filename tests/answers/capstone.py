@@ -757,7 +757,8 @@ VARIANTS = [
     right(LINEAR, "chunks of classes with an online log-sum-exp, not chunks of rows", source=_CLASS_CHUNKS),
     right(LINEAR, "the gradients computed in forward and scaled in backward (Liger Kernel's design)",
           source=_GRADIENTS_IN_FORWARD),
-    right(LINEAR, "backward asks autograd for each chunk's gradients", source=_AUTOGRAD_PER_CHUNK),
+    right(LINEAR, "backward asks autograd for each chunk's gradients", source=_AUTOGRAD_PER_CHUNK,
+          flag="asks autograd for the gradient inside backward"),
     right(LINEAR, "each row's log-sum-exp saved (no double backward asked), gradients summed in place",
           source=_LSE_SAVED),
     right("claims", "capitals and spaces", source='''
