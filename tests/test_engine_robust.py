@@ -28,7 +28,7 @@ SLUG = "03_function_basics"
 
 
 def _cells(nb, grade_id):
-    return [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id]
+    return [c for c in nb.cells if isinstance(c.metadata.get("nbgrader"), dict) and c.metadata.nbgrader.get("grade_id") == grade_id]
 
 
 def _tampered(course: Course, model: dict) -> dict[str, nbformat.NotebookNode]:
@@ -44,7 +44,17 @@ def _tampered(course: Course, model: dict) -> dict[str, nbformat.NotebookNode]:
     copy.id = "copied"
     duplicated.cells.insert(duplicated.cells.index(_cells(duplicated, "check_linear")[0]), copy)
     _cells(renamed, "check_linear_hidden")[0].metadata.nbgrader["grade_id"] = "my_renamed_check"
-    return {"t_deleted": deleted, "t_retyped": retyped, "t_duplicated": duplicated, "t_renamed": renamed}
+    moved, metadata = fresh(), fresh()
+    hidden = _cells(moved, "check_linear_hidden")[0]  # above the answer it tests, which moves below its check
+    moved.cells.remove(hidden)
+    moved.cells.insert(moved.cells.index(_cells(moved, "linear")[0]), hidden)
+    answer = _cells(moved, "linear")[0]
+    moved.cells.remove(answer)
+    moved.cells.insert(moved.cells.index(_cells(moved, "check_linear")[0]) + 1, answer)
+    _cells(metadata, "check_clipped_relu_hidden")[0].metadata.nbgrader["points"] = "2"
+    _cells(metadata, "check_linear")[0].metadata["nbgrader"] = ["grade", True]  # any JSON: nbformat's schema allows it
+    return {"t_deleted": deleted, "t_retyped": retyped, "t_duplicated": duplicated, "t_renamed": renamed,
+            "t_moved": moved, "t_metadata": metadata}
 
 
 BROKEN = {
@@ -57,6 +67,8 @@ EXPECTED_FLAGS = {
     "t_retyped": "changed from code to markdown",
     "t_duplicated": "appears 2 times",
     "t_renamed": "unknown grade_id 'my_renamed_check'",
+    "t_moved": "were out of the released order",
+    "t_metadata": "the nbgrader metadata of cell",
     "b_invalid_json": "not a readable notebook",
     "b_wrong_nbformat": "not a readable notebook",
     "b_not_a_notebook": "not a readable notebook",
@@ -125,6 +137,18 @@ def test_a_renamed_test_cell_runs_as_the_students_own_and_the_original_is_put_ba
         got = {g.name: g.auto_score for g in ours.find_submission_notebook(SLUG, SLUG, "t_renamed").grades}
         honest = {g.name: g.auto_score for g in ours.find_submission_notebook(SLUG, SLUG, "t_deleted").grades}
     assert got == honest and got["check_linear_hidden"] == 2
+
+
+def test_cells_out_of_order_or_with_broken_metadata_are_repaired_and_graded(malformed):
+    """A test cell moved above what it tests runs after it again (in the released order), and
+    nbgrader metadata of any shape is ignored, the test cell put back: both are graded in
+    full (model answers), where stock nbgrader scores the first 0 and stops on the second."""
+    course = malformed[0]
+    with Gradebook(course.db_url) as ours:
+        full = {g.name: g.auto_score for g in ours.find_submission_notebook(SLUG, SLUG, "t_deleted").grades}
+        for student in ("t_moved", "t_metadata"):
+            got = {g.name: g.auto_score for g in ours.find_submission_notebook(SLUG, SLUG, student).grades}
+            assert got["check_linear_hidden"] == 2 and got["check_clipped_relu_hidden"] == full["check_clipped_relu_hidden"]
 
 
 def test_what_nbgrader_cannot_repair_is_failed_with_the_reason(malformed):

@@ -113,16 +113,20 @@ def reorder(nb: NotebookNode, released: list) -> list[str]:
     """Put the cells the instructor made (known by grade_id) back in the released order,
     each taking one of their places (the student's own cells stay where they are), so a
     test cell moved above what it tests runs after it again. Returns what had moved."""
-    rank = {cell.metadata.nbgrader.grade_id: k for k, cell in enumerate(released)
-            if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")}
-    places = [i for i, cell in enumerate(nb.cells) if cell.metadata.get("nbgrader", {}).get("grade_id") in rank]
+    rank = {_grade_id(cell): k for k, cell in enumerate(released) if _grade_id(cell)}
+    places = [i for i, cell in enumerate(nb.cells) if _grade_id(cell) in rank]
     found = [nb.cells[i] for i in places]
-    ordered = sorted(found, key=lambda cell: rank[cell.metadata.nbgrader.grade_id])
-    moved = [cell.metadata.nbgrader.grade_id for cell, was in zip(ordered, found) if cell is not was]
+    ordered = sorted(found, key=lambda cell: rank[_grade_id(cell)])
+    moved = [_grade_id(cell) for cell, was in zip(ordered, found) if cell is not was]
     for i, cell in zip(places, ordered):
         nb.cells[i] = cell
     return [f"the cells {', '.join(repr(m) for m in moved[:10])} were out of the released order; they were graded "
             "in that order"] if moved else []
+
+
+def _grade_id(cell: dict) -> str | None:
+    """(Cells nbgrader puts back hold plain dicts, not NotebookNodes.)"""
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
 
 
 def tampering(nb: NotebookNode, gradebook: Gradebook, notebook: str, assignment: str) -> list[str]:
