@@ -358,7 +358,8 @@ def check_fused_values(student: Any, *, cases: Sequence[Case] = VALUE_CASES, see
     every case, on the CPU and CUDA; gradcheck; the meta device; then every case again in
     float32 (the output stays float32, values and gradients close)."""
     __tracebackhide__ = True
-    spec = FunctionSpec(name=NAME, reference=_reference, cases=_cases(cases), hint=_hint)
+    # float32 on every case (check_function's own float32 run takes the first only).
+    spec = FunctionSpec(name=NAME, reference=_reference, cases=_cases(cases), hint=_hint, keeps_dtype=False)
     loss = _loss_of(student)
     check_function(loss, spec, seed=seed)
     _check_float32(loss, NAME, _reference, _cases(cases)(inputs.generator(seed)), ARG_NAMES, _logits_scale)
@@ -761,7 +762,7 @@ def check_linear_values(student: Any, *, cases: Sequence[LinearCase] = LINEAR_VA
     the meta device; then every case again in float32."""
     __tracebackhide__ = True
     spec = FunctionSpec(name=LINEAR_NAME, reference=_linear_reference, cases=_linear_cases(cases), hint=_linear_hint,
-                        autograd_in_backward=True)
+                        autograd_in_backward=True, keeps_dtype=False)  # float32 below, on every case
     loss = _probed(student, "linear_cross_entropy")
     check_function(loss, spec, seed=seed)
     _check_float32(loss, LINEAR_NAME, _linear_reference, _linear_cases(cases)(inputs.generator(seed)),
