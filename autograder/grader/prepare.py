@@ -15,12 +15,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import jsonschema
 import nbformat
 from nbformat import NotebookNode
 from nbgrader import utils
 from nbgrader.api import Gradebook
 from nbgrader.converters import Autograde
-from nbgrader.nbgraderformat import ValidationError as MetadataError
+from nbgrader.nbgraderformat import MetadataValidator, ValidationError as MetadataError
+from nbgrader.nbgraderformat.common import SchemaMismatchError
 from nbgrader.preprocessors import OverwriteCells, overwritecells, overwritekernelspec
 from traitlets.config import Config
 
@@ -30,6 +32,10 @@ from .gradebook import Released, lent
 _GRADE_ID = re.compile(r"[a-zA-Z0-9_\-]+")
 QUIET = logging.getLogger("autograder.engine.nbgrader")  # nbgrader's warnings repeat ours less clearly
 QUIET.setLevel(logging.ERROR)
+SILENT = logging.getLogger("autograder.engine.nbgrader.repairs")  # what they say, Rejected says in one line
+SILENT.disabled = True
+_VALIDATOR = MetadataValidator()
+_VALIDATOR.log = SILENT
 
 
 class Rejected(Exception):
@@ -75,8 +81,9 @@ FIELDS = {"grade": bool, "solution": bool, "locked": bool, "task": bool, "grade_
           "schema_version": int, "checksum": str, "cell_type": str}
 
 
-def _invalid(meta: object) -> str | None:
+def _invalid(cell: NotebookNode) -> str | None:
     """What is wrong with a cell's nbgrader metadata, if anything."""
+    meta = cell.metadata["nbgrader"]
     if not isinstance(meta, dict):
         return f"it is {type(meta).__name__ if meta is not None else 'null'}, not an object"
     for key, kind in FIELDS.items():
@@ -88,6 +95,11 @@ def _invalid(meta: object) -> str | None:
         return f"its points are {points!r}"
     if not _GRADE_ID.fullmatch(meta.get("grade_id", "x")):
         return "its grade_id is not a name of letters, digits, '_' and '-'"
+    try:  # and nbgrader's own rules (required fields, points on a graded cell, ...)
+        _VALIDATOR.validate_cell(nbformat.from_dict({**cell, "metadata": {"nbgrader": _VALIDATOR.upgrade_cell_metadata(
+            nbformat.from_dict({"metadata": {"nbgrader": dict(meta)}})).metadata.get("nbgrader", {})}}))
+    except (MetadataError, jsonschema.ValidationError, SchemaMismatchError, KeyError, TypeError, ValueError) as error:
+        return f"nbgrader's rules: {str(error).strip().splitlines()[0][:120]}"
     return None
 
 
@@ -99,7 +111,7 @@ def sanitize_metadata(nb: NotebookNode) -> list[str]:
     for index, cell in enumerate(nb.cells):
         if "nbgrader" not in cell.metadata:
             continue
-        problem = _invalid(cell.metadata["nbgrader"])
+        problem = _invalid(cell)
         if problem is None:
             cell.metadata["nbgrader"] = {k: v for k, v in cell.metadata["nbgrader"].items() if k in FIELDS}
         else:
@@ -193,7 +205,7 @@ class Preparer:
         self.given: dict[tuple[str, str], list] = {}
         # A deleted test cell is always put back: graded as missing, it would keep a stale score.
         self.sanitizers = [
-            cls(config=config, log=QUIET, **({"add_missing_cells": True} if cls is OverwriteCells else {}))
+            cls(config=config, log=SILENT, **({"add_missing_cells": True} if cls is OverwriteCells else {}))
             for cls in Autograde(config=config).sanitize_preprocessors
         ]
 
