@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from . import devices
+from . import devices, report, summary
 
 
 def setup(seed: int = 0) -> None:
@@ -12,4 +12,5 @@ def setup(seed: int = 0) -> None:
     # Checks run many tiny operations; with several threads each one waits on the thread
     # pool, which made them 10-40x slower on a busy 2-core machine.
     torch.set_num_threads(1)
+    report.name_errors_in_one_line(summary.is_check_cell)  # a check of an answer not run says so in one line
     print(f"torch {torch.__version__}; {devices.where()}.")

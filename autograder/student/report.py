@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import contextlib
+import linecache
 import sys
 import warnings
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -19,7 +20,12 @@ class CheckFailed(AssertionError):
         """What IPython (Jupyter, Colab, the grader) shows for it: the message alone. The
         checks' frames tell a student nothing, would quote a hidden test's source, and
         cost ~75 ms to format in a fresh process."""
-        return [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {self}"]
+        return one_line(type(self).__name__, str(self))
+
+
+def one_line(kind: str, message: str) -> list[str]:
+    """An error as IPython shows it (its traceback's lines): the kind in red, the message."""
+    return [f"\x1b[0;31m{kind}\x1b[0m: {message}"]
 
 
 def fail(summary: str, *details: str, cause: str | None = None) -> None:
@@ -85,3 +91,31 @@ def passed(message: str) -> None:
 
 def note(message: str) -> None:
     print(f"  {message}")
+
+
+def undefined(name: str) -> str:
+    """What a check says of a name it needs that the notebook has not defined."""
+    return (f"`{name}` is not defined yet: run the cell that defines it (and those above); an answer cell "
+            "that raises an error defines nothing.")
+
+
+def name_errors_in_one_line(is_check_cell: Callable[[str], bool]) -> None:
+    """In an IPython kernel (JupyterLab, Colab, nbgrader's Validate), a NameError raised by a
+    check cell itself (`is_check_cell(its source)`: the answer it checks was not run, or
+    raised) is shown in one line, as every check message is; any other keeps its traceback,
+    which points at the student's line."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None:
+        return
+
+    def show(shell, kind, error, traceback, tb_offset=None) -> None:
+        last = traceback
+        while last.tb_next is not None:
+            last = last.tb_next
+        code = last.tb_frame.f_code  # where it was raised: the cell's own line, or code it called
+        if code.co_name == "<module>" and error.name and is_check_cell("".join(linecache.getlines(code.co_filename))):
+            error._render_traceback_ = lambda: one_line(kind.__name__, undefined(error.name))  # IPython's protocol
+        shell.showtraceback((kind, error, traceback), tb_offset=tb_offset, running_compiled_code=True)
+
+    shell.set_custom_exc((NameError,), show)

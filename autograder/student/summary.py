@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass
 from importlib import resources
 
-from .report import CheckFailed, quiet
+from .report import CheckFailed, quiet, undefined
 
 GRADING = "Summary: this notebook is being graded, and the grader runs every check itself."
 NO_KERNEL = "Summary: it runs in a notebook's kernel (JupyterLab, Colab); here, pass the names: summary(slug, namespace)."
@@ -60,8 +60,16 @@ def visible_checks(slug: str) -> list[VisibleCheck]:
     """The visible checks of notebook `slug`. ImportError where the course's checks are not
     installed (the grading sandbox masks them), since each check cell imports them."""
     importlib.import_module(f"autograder.exercises.{_topic(slug)}")
-    table = json.loads(resources.files(__package__).joinpath("visible_checks.json").read_text(encoding="utf-8"))
-    return [VisibleCheck(**check) for check in table[slug]]
+    return [VisibleCheck(**check) for check in _table()[slug]]
+
+
+def _table() -> dict[str, list[dict]]:
+    return json.loads(resources.files(__package__).joinpath("visible_checks.json").read_text(encoding="utf-8"))
+
+
+def is_check_cell(source: str) -> bool:
+    """Whether `source` is one of the course's visible check cells (which a student runs)."""
+    return source.strip() in {check["source"].strip() for checks in _table().values() for check in checks}
 
 
 def _first_line(error: BaseException) -> str:
@@ -80,7 +88,7 @@ def run_check(check: VisibleCheck, namespace: dict) -> Row:
             return Row(check, False, 0, "not implemented yet.")
         except NameError as missing:
             name = getattr(missing, "name", None) or _first_line(missing)
-            return Row(check, False, 0, f"`{name}` is not defined yet: run the cell that defines it (and those above).")
+            return Row(check, False, 0, undefined(name))
         except Exception as error:  # anything the student's code raised
             return Row(check, False, 0, f"{type(error).__name__}: {_first_line(error)}")
     return Row(check, True, check.points, "")
