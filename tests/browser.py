@@ -9,11 +9,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -86,24 +84,24 @@ def lab(target: str, tmp: Path, **make_vars: str) -> Iterator[str]:
 
 @contextlib.contextmanager
 def chromium() -> Iterator:
-    """A Playwright browser on Debian's Chromium, with a fresh profile."""
+    """Debian's Chromium, driven by Playwright. Each `person(it)` is someone at a browser of
+    their own (a fresh context: no cookies or storage shared with anyone else's)."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: run `make test-tools` (Debian's chromium)")
     from playwright.sync_api import sync_playwright
 
-    profile = tempfile.mkdtemp(prefix="chromium-profile-")
-    try:
-        with sync_playwright() as playwright:
-            context = playwright.chromium.launch_persistent_context(
-                profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
-                viewport={"width": 1400, "height": 900},
-            )
-            try:
-                yield context
-            finally:
-                context.close()
-    finally:
-        shutil.rmtree(profile, ignore_errors=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def person(chromium):
+    """A new page, in a context of its own: a person with their own cookies (closing the page
+    closes it)."""
+    return chromium.new_page(viewport={"width": 1400, "height": 900})
 
 
 def screenshot(page, name: str) -> Path:
@@ -134,10 +132,25 @@ def _select_kernel(page) -> bool:
 
 def open_notebook(page, base: str, path: str) -> None:
     page.goto(f"{base}/lab/tree/{path}?reset&token={TOKEN}")  # reset: only this notebook open
-    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)  # the kernel is up
-    page.wait_for_timeout(1000)  # the kernel dialog, if any, comes just after
-    _select_kernel(page)
+    wait_for_kernel(page)
+
+
+IDLE = ".jp-Notebook-ExecutionIndicator[data-status='idle']"
+# The open notebook's kernel started (the toolbar names it) and idle, or JupyterLab asks which to use.
+KERNEL_UP_OR_ASKED = (
+    "() => !!document.querySelector('.jp-Dialog') || ("
+    "[...document.querySelectorAll('.jp-KernelName')].some(e => e.textContent.includes('Python')) && "
+    f"!!document.querySelector({json.dumps(IDLE)}))"
+)
+
+
+def wait_for_kernel(page, timeout: float = 60_000) -> None:
+    """Until the notebook shown has its cells and its kernel is up and idle (Select, if
+    JupyterLab asks which kernel to use)."""
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=timeout)
+    page.wait_for_function(KERNEL_UP_OR_ASKED, timeout=timeout)
+    if _select_kernel(page):
+        page.wait_for_function(KERNEL_UP_OR_ASKED, timeout=timeout)
 
 
 def run_all(page) -> None:
@@ -153,7 +166,6 @@ HAS_OUTPUT = (
 )
 
 
-IDLE = ".jp-Notebook-ExecutionIndicator[data-status='idle']"
 AGAIN = 15.0  # seconds the kernel may sit idle after Run All before it is clicked again
 
 

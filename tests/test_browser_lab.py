@@ -46,8 +46,8 @@ def _digest(path: Path) -> str:
 @pytest.fixture(scope="module")
 def chromium():
     """One browser for the module: Playwright's sync API runs one at a time in a thread."""
-    with browser.chromium() as context:
-        yield context
+    with browser.chromium() as it:
+        yield it
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +62,12 @@ def student_lab(tmp_path_factory, chromium):
 
 
 def test_a_student_runs_a_notebook_and_sees_a_check_pass_and_one_fail(student_lab):
-    base, work, context = student_lab
+    base, work, chromium = student_lab
     copy = work / SLUG / f"{SLUG}.ipynb"
     assert copy.is_file()  # make lab copied the released notebook into the student's own folder
     model = solutions(SLUG)
     _answer(copy, {"clipped_relu": model["clipped_relu"], "linear": model["linear"].replace(*WRONG_BIAS)})
-    page = context.new_page()
+    page = browser.person(chromium)
     try:
         browser.open_notebook(page, base, f"{SLUG}/{SLUG}.ipynb")
         assert "Nbgrader" not in browser.menu_titles(page)  # no formgrader, no Create Assignment
@@ -93,8 +93,8 @@ def test_a_student_runs_a_notebook_and_sees_a_check_pass_and_one_fail(student_la
 
 
 def test_a_student_sees_the_graphs_of_notebook_07(student_lab):
-    base, _, context = student_lab
-    page = context.new_page()
+    base, _, chromium = student_lab
+    page = browser.person(chromium)
     try:
         browser.open_notebook(page, base, f"{GRAPHS}/{GRAPHS}.ipynb")
         browser.run_all(page)
@@ -161,13 +161,19 @@ def test_feedback_shows_no_hidden_test(graded_course):
 
 
 def test_an_instructor_sees_scores_and_the_flag_in_formgrader(graded_course, tmp_path, chromium):
-    context = chromium
     with browser.lab("instructor", tmp_path, COURSE=str(graded_course.root)) as base:
-        page = context.new_page()
+        page = browser.person(chromium)
         try:
             page.goto(f"{base}/lab?token={browser.TOKEN}")
             page.wait_for_selector("li.lm-MenuBar-item", timeout=60_000)
             assert "Nbgrader" in browser.menu_titles(page)
+            # formgrader's first page: the assignment, and no banner that the exchange does not exist
+            # (nbgrader_config.py gives the course one of its own where the hub's is missing).
+            page.goto(f"{base}/formgrader/manage_assignments?token={browser.TOKEN}")
+            page.wait_for_selector(f"table tbody tr:has-text('{SLUG}')", timeout=60_000)
+            browser.screenshot(page, "instructor-assignments")
+            assert not page.locator("#warning-exchange").count(), page.locator("#warning-exchange").inner_text()
+            assert "does not exist" not in page.inner_text("body")
             page.goto(f"{base}/formgrader/gradebook/{SLUG}/{SLUG}?token={browser.TOKEN}")
             page.wait_for_selector("table tbody tr", timeout=60_000)
             page.wait_for_function("() => document.querySelectorAll('table tbody tr').length >= 2", timeout=60_000)
