@@ -102,12 +102,25 @@ def hub(tmp: Path, users: list[str], exchange: Path, settings: Path) -> Iterator
         log.close()
 
 
-def spawn(url: str, user: str) -> None:
-    """Start `user`'s server (as the hub does when they log in), without waiting for it."""
-    request = urllib.request.Request(f"{url}/hub/api/users/{user}/server", method="POST",
-                                     headers={"Authorization": f"token {TOKEN}"})
-    with urllib.request.urlopen(request, timeout=30):
-        pass
+def start_servers(url: str, users: list[str]) -> None:
+    """Start the users' servers at once (as the hub does when a class logs in) and return when
+    every one is up, as the hub's progress events say (what its spawn page shows)."""
+    auth = {"Authorization": f"token {TOKEN}"}
+    for user in users:
+        request = urllib.request.Request(f"{url}/hub/api/users/{user}/server", method="POST", headers=auth)
+        with urllib.request.urlopen(request, timeout=30):
+            pass
+    for user in users:
+        request = urllib.request.Request(f"{url}/hub/api/users/{user}/server/progress", headers=auth)
+        with urllib.request.urlopen(request, timeout=120) as events:
+            for line in events:
+                event = json.loads(line[len(b"data:"):]) if line.startswith(b"data:") else {}
+                if event.get("failed"):
+                    pytest.fail(f"{user}'s server did not start: {event.get('message')}")
+                if event.get("ready"):
+                    break
+            else:
+                pytest.fail(f"{user}'s server did not start: the hub's progress events ended")
 
 
 def log_in(page, url: str, user: str, path: str = "") -> None:
