@@ -927,12 +927,11 @@ def check_grad(grad: Callable[..., list], *, programs: int = 0, seed: int | None
 
 DEEP = 10_000
 DEEP_CHAIN = tape.Program(1, tuple(("neg", (k,)) for k in range(DEEP)) + (("sum", (DEEP,)),), (3,))
-# Deeper than any nesting a solution without recursion has; far shallower than these graphs.
-NESTED = 100
 
 
 def deep_ladder(rng: random.Random) -> tape.Program:
-    """2,000 to 2,500 entries deep (twice the recursion limit in force, twenty times `NESTED`),
+    """2,000 to 2,500 entries deep (twice the recursion limit in force, twenty times the nesting
+    allowed, `RecursionWatch.NESTED`),
     every value used twice: v' = sin(v), then v'' = v' * v."""
     rungs = 1000 + rng.randrange(250)
     steps = tuple(step for k in range(rungs) for step in (("sin", (2 * k,)), ("mul", (2 * k + 1, 2 * k))))
@@ -953,6 +952,7 @@ def _judge_order(topological_order: Callable[..., Any], program: tape.Program, d
     xs = [torch.rand(program.size, dtype=torch.float64) for _ in range(program.leaves)]
     transcript = probe.invoke(tape.order_transcript, topological_order, program.data, xs)
     error = transcript["error"]
+    _judge_nesting(transcript.get("recursion"), description)
     if probe.ProbeError.from_data(error) and error["type"] == "RecursionError":
         fail(f"topological_order: RecursionError on {description} (the check runs your code with Python's "
              "default recursion limit, whatever limit the notebook set).",
@@ -960,7 +960,6 @@ def _judge_order(topological_order: Callable[..., Any], program: tape.Program, d
              "recursion with an explicit stack (or count each entry's consumers, as PyTorch's engine does).")
     if error:
         _fail_error("topological_order", error)
-    _judge_nesting(transcript.get("recursion"), description)
     try:
         order = [int(k) for k in transcript["order"].split()]
     except (AttributeError, ValueError):
@@ -1009,18 +1008,19 @@ def _judge_nesting(recursion: Any, description: str) -> None:
     deepest, function = recursion.get("deepest"), recursion.get("function")
     if not isinstance(deepest, int) or not isinstance(function, str):
         raise probe.Malformed("malformed recursion report")
+    if deepest > tape.RecursionWatch.NESTED:
+        raised = (" It changed the recursion limit: `sys.setrecursionlimit` postpones the RecursionError, it "
+                  "does not remove the recursion (and a deep enough graph crashes the process)."
+                  if recursion.get("limit_changed") else "")
+        fail(f"topological_order recursed on {description}: `{function}` was running more than "
+             f"{tape.RecursionWatch.NESTED} times at once, one call per level of the graph, when the check "
+             f"stopped it.{raised}",
+             cause="the work of each pending entry must live in a data structure of yours, not in Python's call "
+             "stack: an explicit stack of (entry, iterator) pairs, or Kahn's algorithm with consumer counts.")
     if recursion.get("untraced"):
         fail(f"topological_order switched off the tracer that watches for recursion ({description}).",
              cause="leave sys.settrace alone: the check runs your function under a tracer to see how deeply "
              "it nests.")
-    if deepest > NESTED:
-        raised = (" It changed the recursion limit: `sys.setrecursionlimit` postpones the RecursionError, it "
-                  "does not remove the recursion (and a deep enough graph crashes the process)."
-                  if recursion.get("limit_changed") else "")
-        fail(f"topological_order recursed on {description}: `{function}` was running {deepest:,} times at once, "
-             f"one call per level of the graph.{raised}",
-             cause="the work of each pending entry must live in a data structure of yours, not in Python's call "
-             "stack: an explicit stack of (entry, iterator) pairs, or Kahn's algorithm with consumer counts.")
 
 
 def check_topological_order(

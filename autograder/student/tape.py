@@ -496,10 +496,12 @@ class RecursionWatch:
     """Runs code with Python's default recursion limit (above the frames already running),
     whatever limit the notebook set, and notes how deeply any one function was nested
     meanwhile (`sys.settrace`, call and return events only) and whether the code changed
-    the limit. Best effort: it runs in the student's process, whose code can switch the
-    tracer off."""
+    the limit. A function nested deeper than `NESTED` is stopped there with a
+    RecursionError, before a deep recursion under a raised limit exhausts the C stack.
+    Best effort: it runs in the student's process, whose code can switch the tracer off."""
 
     LIMIT = 1000  # Python's default
+    NESTED = 100  # deeper than any solution without recursion nests; far shallower than the graphs
 
     def __init__(self) -> None:
         self.active: Counter = Counter()
@@ -516,6 +518,8 @@ class RecursionWatch:
         self.active[code] += 1
         if self.active[code] > self.deepest:
             self.deepest, self.function = self.active[code], code.co_name
+        if self.deepest > self.NESTED:  # (raised here, it stops the call and switches tracing off)
+            raise RecursionError(f"`{code.co_name}` nested more than {self.NESTED} deep: stopped by the check")
         frame.f_trace_lines = False
         return self._return
 
