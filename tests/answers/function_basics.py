@@ -153,6 +153,15 @@ class PolarToCartesian(torch.autograd.Function):
     wrong("polar_to_cartesian", "stashes r and theta on ctx",
           ("ctx.save_for_backward(r, theta)\n", "ctx.r, ctx.theta = r, theta\n"),
           ("r, theta = ctx.saved_tensors", "r, theta = ctx.r, ctx.theta")),
+    # A backward that leaves torch: right values, no double backward (the notebook teaches it)
+    wrong("clipped_relu", "backward computed in NumPy",
+          ("return grad_output * inside, None",
+           "return torch.as_tensor(grad_output.detach().cpu().numpy() * inside.cpu().numpy(), device=x.device), None")),
+    wrong("linear", "weight gradient computed in NumPy",
+          ("grad_weight = grad_output.T @ input",
+           "grad_weight = torch.from_numpy(grad_output.detach().cpu().numpy().T @ input.detach().cpu().numpy())")),
+    wrong("polar_to_cartesian", "cos and sin of a detached theta",
+          ("cos, sin = torch.cos(theta), torch.sin(theta)", "cos, sin = torch.cos(theta.detach()), torch.sin(theta.detach())")),
     # 3.4 When to write a Function
     wrong("when_to_write", "thinks autograd follows numpy", ('"b": "function"', '"b": "composite"')),
     wrong("when_to_write", "a composite native op still needs a formula", ('"e": "composite"', '"e": "derivatives.yaml"')),
