@@ -31,9 +31,14 @@ OUTPUTS = st.one_of(
 )
 
 
+def _nbgrader(cell: dict) -> object:
+    meta = cell.get("metadata")
+    return meta.get("nbgrader") if isinstance(meta, dict) else None
+
+
 def _grade_ids(nb: dict) -> list[str]:
     return [c["metadata"]["nbgrader"]["grade_id"] for c in nb["cells"]
-            if isinstance(c.get("metadata", {}).get("nbgrader"), dict) and "grade_id" in c["metadata"]["nbgrader"]]
+            if isinstance(_nbgrader(c), dict) and "grade_id" in c["metadata"]["nbgrader"]]
 
 
 @st.composite
@@ -45,13 +50,15 @@ def _edit(draw, nb: dict) -> None:
                       "execution_count": None})
     i = draw(st.integers(0, len(cells) - 1))
     cell = cells[i]
-    meta = cell.setdefault("metadata", {})
+    if not isinstance(cell.get("metadata"), dict):
+        cell["metadata"] = {}
+    meta = cell["metadata"]
     kind = draw(st.sampled_from([
         "nbgrader any", "field any", "field drop", "field unknown", "grade_id copied", "grade_id unknown",
         "points odd", "retype", "delete", "copy", "move", "source large", "source list", "outputs", "id",
         "cell metadata any", "notebook metadata", "nbformat minor",
     ]))
-    nbgrader = meta.get("nbgrader")
+    nbgrader = _nbgrader(cell)
     if kind == "nbgrader any":
         meta["nbgrader"] = draw(JSON)
     elif kind == "field any" and isinstance(nbgrader, dict):

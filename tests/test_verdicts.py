@@ -149,6 +149,9 @@ def test_every_syntax_tree_of_the_grader_is_built_under_one_lock():
     from autograder.grader import syntax
 
     syntax.guard()
+    assert getattr(ast.parse, "guarded", False) == syntax.NEEDED  # guarded exactly where CPython needs it
+    if not syntax.NEEDED:
+        return
     done = threading.Event()
 
     def format_a_traceback():

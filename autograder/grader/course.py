@@ -21,7 +21,7 @@ from traitlets.config import Config
 
 from ..checks import inputs
 from .verdicts import Judge, warm
-from . import discover, feedback, progress, report, results, secret, speedups, untrusted
+from . import discover, feedback, nbgrader_adapter, progress, report, results, secret, untrusted
 from .preflight import FAILED, GradingError
 from .pool import Pool
 from .records import Options, Program
@@ -35,7 +35,7 @@ LMS_CSV = "grades-lms.csv"  # one row per student, one column per assignment: Ca
 
 def grade(options: Options, config: Config, pool: Pool, console: Console) -> tuple[list[report.Outcome], list[discover.Submission]]:
     """Grade what `options` asks for with `pool`'s workers; (outcomes, submissions skipped as done)."""
-    with speedups.applied():
+    with nbgrader_adapter.applied():
         return _grade(options, config, pool, console)
 
 

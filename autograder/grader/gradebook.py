@@ -4,7 +4,7 @@ nbgrader's Gradebook commits after every change, and its writing preprocessors
 (SaveAutoGrades, AssignLatePenalties) each open a Gradebook of their own. Inside
 `transaction`, the Gradebook's session joins one database transaction (SQLAlchemy's
 "rollback_only" join mode: its commits only flush), and those preprocessors are lent
-that Gradebook instead of opening another (`Submission`, which looks rows up in bulk). Either all of a submission's rows are
+that Gradebook instead of opening another (`nbgrader_adapter.lent`) (`Submission`, which looks rows up in bulk). Either all of a submission's rows are
 written or none are: a grader killed mid-way leaves no partial records. One Gradebook
 serves a whole run (`Released` also for nbgrader's sanitizing preprocessors).
 """
@@ -13,12 +13,13 @@ from __future__ import annotations
 import contextlib
 import warnings
 from typing import Iterator
-from unittest import mock
 
 from nbgrader.api import Assignment, BaseCell, Comment, Grade, Gradebook, Notebook
 from nbgrader.preprocessors import latesubmissions, saveautogrades
 from sqlalchemy.exc import SAWarning
 from sqlalchemy.orm import scoped_session, selectinload, sessionmaker
+
+from . import nbgrader_adapter
 
 # nbgrader's add_submission links rows before it adds them to the session; SQLAlchemy 2
 # warns when it autoflushes in between (the rows are added right after: nothing is lost).
@@ -101,15 +102,9 @@ class Submission(_Lent):
         return self._rows[key]
 
 
-@contextlib.contextmanager
-def lent(gradebook: Gradebook | _Lent, modules: tuple) -> Iterator[None]:
-    """nbgrader's preprocessors from `modules` use `gradebook` instead of opening their own
-    (each new Gradebook checks the whole schema: ~5 ms)."""
-    lender = gradebook if isinstance(gradebook, _Lent) else _Lent(gradebook)
-    with contextlib.ExitStack() as patches:
-        for module in modules:
-            patches.enter_context(mock.patch.object(module, "Gradebook", lambda *args, **kwargs: lender))
-        yield
+def lent(gradebook: Gradebook | _Lent, modules: tuple) -> contextlib.AbstractContextManager:
+    """nbgrader's preprocessors from `modules` use `gradebook` instead of opening their own."""
+    return nbgrader_adapter.lent(gradebook if isinstance(gradebook, _Lent) else _Lent(gradebook), modules)
 
 
 @contextlib.contextmanager

@@ -34,6 +34,7 @@ QUIET = logging.getLogger("autograder.engine.nbgrader")  # nbgrader's warnings r
 QUIET.setLevel(logging.ERROR)
 SILENT = logging.getLogger("autograder.engine.nbgrader.repairs")  # what they say, Rejected says in one line
 SILENT.disabled = True
+LENT_MODULES = (overwritecells, overwritekernelspec)  # nbgrader's sanitizers that open a Gradebook
 _VALIDATOR = MetadataValidator()
 _VALIDATOR.log = SILENT
 
@@ -220,7 +221,7 @@ class Preparer:
                 cell.metadata.pop("nbgrader", None)
         resources = {"nbgrader": {"notebook": name, "assignment": assignment, "student": student, "db_url": self.db_url}}
         try:
-            with lent(self.gradebook, (overwritecells, overwritekernelspec)):
+            with lent(self.gradebook, LENT_MODULES):
                 for sanitize in self.sanitizers:
                     nb, resources = sanitize(nb, resources)
         except (MetadataError, RuntimeError, ValueError, KeyError) as error:  # as stock nbgrader fails on it
