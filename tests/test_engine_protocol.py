@@ -4,9 +4,12 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import sys
+from typing import Any
 
 import pytest
 
+from autograder.student import wire
 from autograder.runner.protocol import MAX_HEADER, TEXT, Channel, ChannelClosed, ProtocolError, Undecodable
 
 
@@ -99,6 +102,27 @@ def test_what_cannot_be_decoded_is_named_so(header):
     with pytest.raises(Undecodable):
         receiver.receive(timeout=5)
     a.close(), b.close()
+
+
+def test_depth_is_refused_whatever_the_recursion_limit():
+    """json recurses as deep as the recursion limit lets it: raised (as a notebook or a check
+    may raise it), a deep header would overflow the C stack. The depth is measured first."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(1_000_000)
+    try:
+        test_what_cannot_be_decoded_is_named_so(b'{"buffers":[],"x":' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def test_a_payload_at_the_wire_depth_limit_travels(pair):
+    sender, receiver = pair
+    value: Any = 1.0
+    for level in range(wire.MAX_DEPTH):  # tuples and dicts: the deepest JSON per level
+        value = (value,) if level % 2 else {"k": value}
+    encoded, _ = wire.encode(value)
+    sender.send({"op": "result", "value": encoded})
+    assert wire.decode(receiver.receive(timeout=5)[0]["value"], []) == value
 
 
 def test_a_header_is_refused_before_it_is_parsed():

@@ -13,14 +13,18 @@ of Python), so the header is kept small: strings of `TEXT` characters or more (c
 outputs, source code) travel as raw buffers of their own, named in the header by a marker
 string that starts with NUL (a string that starts with NUL always travels so), and a
 header larger than `MAX_HEADER`, or with more than `MAX_VALUES` values (counted by their
-separators, those in short strings too), is refused before it is parsed. What cannot be
-decoded (too large, too many values, nested too deeply, an integer of thousands of digits)
-is `Undecodable`.
+separators, those in short strings too), or nested more than `MAX_DEPTH` deep (measured
+before parsing: json's recursion is bounded only by the recursion limit, which code in the
+grader's process may have raised past what the C stack holds), is refused before it is
+parsed. What cannot be decoded (too large, too many values, nested too deeply, an integer
+of thousands of digits) is `Undecodable`.
 """
 from __future__ import annotations
 
 import array
+import itertools
 import json
+import re
 import socket
 import struct
 from typing import Any, Sequence
@@ -29,6 +33,7 @@ _LENGTH = struct.Struct(">I")
 MAX_FDS = 4  # a control message carries at most a few descriptors
 MAX_HEADER = 4 << 20  # bytes of JSON in one message
 MAX_VALUES = 400_000  # values in it (about 120 bytes each at most, once parsed)
+MAX_DEPTH = 100  # nesting of lists and objects (a wire payload at its own limit: under 70)
 TEXT = 1024  # strings at least this long travel as raw buffers
 MARK = "\x00"  # starts every string in a header that stands for a text buffer
 
@@ -125,6 +130,8 @@ def _parse(data: bytes) -> Any:
     values = sum(data.count(separator) for separator in (b",", b":", b"[", b"{"))
     if values > MAX_VALUES:
         raise Undecodable(f"a message header of more than {MAX_VALUES} values")
+    if _depth(data) > MAX_DEPTH:
+        raise Undecodable(f"a message nested more than {MAX_DEPTH} deep")
     try:
         return json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -133,6 +140,17 @@ def _parse(data: bytes) -> Any:
         raise Undecodable("a message nested too deeply to decode") from None
     except ValueError as error:  # an integer of thousands of digits
         raise Undecodable(f"a message with a value that cannot be decoded ({str(error)[:100]})") from None
+
+
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_BRACKET = re.compile(rb"[\[\]{}]")
+
+
+def _depth(data: bytes) -> int:
+    """How deep the lists and objects of a JSON text nest (brackets in strings not counted);
+    at C speed, without recursion."""
+    brackets = _BRACKET.findall(_STRING.sub(b"", data))
+    return max(itertools.accumulate(1 if b in (b"[", b"{") else -1 for b in brackets), default=0)
 
 
 def _lift(value: Any, texts: list[bytes]) -> Any:
