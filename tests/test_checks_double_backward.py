@@ -117,6 +117,46 @@ def test_sinh_rejects_once_differentiable():
            "double backward is wrong", "`@once_differentiable`")
 
 
+def _cosh_times(decorate=lambda f: f):
+    """A helper Function grad_out * cosh(x) whose own backward is right, but leaves torch
+    (`decorate`, or NumPy by default): right to second order only."""
+
+    class CoshTimes(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, grad_out, x):
+            ctx.save_for_backward(grad_out, x)
+            return grad_out * x.cosh()
+
+        @staticmethod
+        @decorate
+        def backward(ctx, grad):
+            grad_out, x = ctx.saved_tensors
+            return grad * x.cosh(), grad * grad_out * torch.as_tensor(x.detach().sinh().numpy())
+
+    class SinhFixed(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x.sinh()
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            (x,) = ctx.saved_tensors
+            return CoshTimes.apply(grad_out, x)
+
+    return SinhFixed
+
+
+@pytest.mark.parametrize("decorate", [lambda f: f, once_differentiable], ids=["numpy", "once_differentiable"])
+def test_sinh_right_to_second_order_only_fails_the_third_derivative(decorate):
+    _fails(ex.check_sinh, _cosh_times(decorate), "SinhFixed: derivative 3 is not connected to x", "a helper Function")
+
+
+def test_sinh_passes_the_third_derivative_and_says_so(capsys):
+    ex.check_sinh(_sinh("input"))
+    assert "✔ SinhFixed: the third derivative agrees with the reference's too" in capsys.readouterr().out
+
+
 def test_sinh_rejects_a_backward_that_ignores_grad_output():
     _fails(ex.check_sinh, _sinh("input", backward=lambda g, c: c),
            "wrong gradient for `x`", "backward ignores grad_output")
@@ -236,7 +276,21 @@ def _right(grad, grad_out, x):
 def test_cube_backward_accepts_the_right_backward(capsys):
     ex.check_cube_backward(_cube_backward(_right))
     ex.check_cube_backward(_cube_backward(_right), shapes=[(), (3, 4)], seed=None)
-    assert "✔ CubeBackward: forward and backward agree" in capsys.readouterr().out
+    assert "✔ CubeBackward: forward, backward and double backward agree" in capsys.readouterr().out
+
+
+def test_cube_backward_must_be_differentiable_again():
+    """Its backward is Cube's third derivative: a backward that leaves torch for the x term fails."""
+    def numpy_x_term(grad, grad_out, x):
+        six_x = torch.as_tensor(6 * x.detach().numpy())
+        return grad * 3 * x**2, grad * grad_out * six_x
+
+    _fails(ex.check_cube_backward, _cube_backward(numpy_x_term), "CubeBackward: double backward is wrong")
+
+
+def test_cube_backward_is_checked_at_zero():
+    _fails(ex.check_cube_backward, _cube_backward(lambda g, go, x: (g * 3 * x**2, g * go * 6 * x**2 / x)),
+           "wrong gradient for `x`")
 
 
 def test_cube_backward_rejects_a_missing_grad_out_term():

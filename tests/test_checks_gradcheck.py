@@ -146,9 +146,24 @@ def test_numerical_jacobian_messages_name_the_mistake(label, words):
     ("no allow_unused", "allow_unused=True"),
     ("analytical Jacobian transposed", "the Jacobian is transposed"),
     ("one-hot grad_output created on the CPU (fails on a GPU)", "Create the one-hot on the output's device"),
+    ("counts only an analytical value above the numerical one", "an error counts whatever its sign"),
+    ("clamps the difference at zero", "an error counts whatever its sign"),
+    ("counts only an analytical value below the numerical one", "0.5 too large"),
+    ("names the entry with the largest signed difference a - n", "is not an offending entry"),
 ])
 def test_mini_gradcheck_messages_name_the_mistake(label, words):
     assert words in failure("mini_gradcheck", mutant(label))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_every_draw_has_wrong_backwards_of_both_signs(seed):
+    """A wrong entry and a wrong scale, each too large and too small: an error test that looks
+    at one side of the error fails in every draw, never by chance."""
+    g = torch.Generator()
+    g.manual_seed(seed)
+    names = [case.name for case in checks._mini_gradcheck_cases(g)]
+    for wrong in ("OneWrongEntry: (2 x, x @ w) whose backward is 0.5 too", "tanh(x) whose backward is 0.5% too"):
+        assert {n.split(wrong)[1].split()[0] for n in names if wrong in n} >= {"large", "small"}, names
 
 
 def test_a_mismatch_message_names_the_function_and_torchs_verdict():

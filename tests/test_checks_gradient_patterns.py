@@ -413,6 +413,44 @@ def test_conv2d_bias_gradient_of_the_first_sample_only():
     assert "wrong gradient for `bias`" in message and "sum grad_output over dims 0, 2 and 3" in message
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_every_draw_has_a_convolution_whose_axes_differ_in_everything(seed):
+    g = torch.Generator()
+    g.manual_seed(seed)
+    (n, c, h, w), (out, c_w, kh, kw), bias, (sh, sw), (ph, pw) = gp.per_axis_sizes(g)
+    assert h != w and kh != kw and sh != sw and ph != pw and c == c_w and bias
+    assert (h + 2 * ph - kh) % sh != (w + 2 * pw - kw) % sw  # conv_transpose2d's output_padding differs too
+    x = F.conv2d(torch.zeros(n, c, h, w), torch.zeros(out, c, kh, kw), None, (sh, sw), (ph, pw))
+    assert min(x.shape[-2:]) >= 1
+    assert len(gp._conv_cases([])(g)) == 1  # and every list of sizes gets one
+
+
+def _first_axis_for_both(ctx, g):
+    """A backward that takes the stride and padding of the height for both axes."""
+    input, weight = ctx.saved_tensors
+    first = tuple(v if isinstance(v, int) else v[0] for v in (ctx.stride, ctx.padding))
+    return (torch.nn.grad.conv2d_input(input.shape, weight, g, *first),
+            torch.nn.grad.conv2d_weight(input, weight.shape, g, *first),
+            g.sum((0, 2, 3)) if ctx.needs_input_grad[2] else None, None, None)
+
+
+def test_conv2d_one_axis_used_for_both_fails_even_on_square_sizes():
+    square = [((1, 2, 4, 4), (2, 2, 3, 3), True, 1, 0), ((1, 1, 6, 6), (2, 1, 3, 3), False, 2, 1)]
+    message = fails(gp.check_conv2d, function(_conv_forward, _first_axis_for_both), sizes=square)
+    assert "Conv2d:" in message and "stride = (" in message
+
+
+def test_conv2d_backward_must_stay_differentiable():
+    def backward(ctx, g):
+        input, weight = ctx.saved_tensors
+        return (torch.nn.grad.conv2d_input(input.shape, weight.detach(), g, ctx.stride, ctx.padding),
+                torch.nn.grad.conv2d_weight(input, weight.shape, g, ctx.stride, ctx.padding),
+                g.sum((0, 2, 3)) if ctx.needs_input_grad[2] else None, None, None)
+
+    message = fails(gp.check_conv2d, function(_conv_forward, backward))
+    assert "double backward is wrong" in message and "`weight`" in message
+
+
 # --- shared helpers ----------------------------------------------------------------------
 
 def test_known_mistake_skips_mistakes_that_cannot_run():

@@ -43,11 +43,58 @@ SINH = FunctionSpec(
 
 
 def check_sinh(student: Any, *, shapes: Sequence[Sequence[int]] = ((5,), (2, 3)), seed: int | None = 0) -> None:
-    """sinh(x) with one output, whose gradient autograd can differentiate again; right at
-    x = 0 and at large |x| too."""
+    """sinh(x) with one output, whose gradient autograd can differentiate again, to every
+    order (the third derivative is checked too); right at x = 0 and at large |x| too."""
     __tracebackhide__ = True
     check_finite(student, "SinhFixed", torch.sinh, SINH_SPECIAL, SINH_OVERFLOW)
-    check_function(student, replace(SINH, cases=_uniform_cases(shapes, SINH_SPECIAL)), seed=seed)
+    spec = replace(SINH, cases=_uniform_cases(shapes, SINH_SPECIAL))
+    check_function(student, spec, seed=seed)
+    check_third_order(student, spec, seed=seed)
+
+
+# --- Every order: a backward built from torch operations is differentiable as often as asked -----
+
+THIRD_ORDER_CAUSE = (
+    "your backward is differentiable once, but not its own backward: somewhere below it a step leaves "
+    "torch — a helper Function whose backward uses NumPy, `.detach()` or `@once_differentiable`, or values "
+    "kept from an earlier pass. Write every order with torch operations on the saved inputs and outputs."
+)
+
+
+def check_third_order(student: Any, spec: FunctionSpec, *, seed: int | None = 0) -> None:
+    """The third derivative of the first output, along random directions, on every case of
+    `spec`: a Function that autograd can differentiate through its backward can be
+    differentiated again, as often as asked."""
+    __tracebackhide__ = True
+    generator = inputs.generator(seed)
+    with quiet():
+        for (x,) in spec.cases(generator):
+            directions = [inputs.normal(x.shape, generator) for _ in range(3)]
+            want = double_backward.third_derivative(spec.reference, x, directions)["value"]
+            _judge_third(spec.name, x, want, probe.invoke(double_backward.third_derivative, student, x, directions))
+    passed(f"{spec.name}: the third derivative agrees with the reference's too, along random directions "
+           f"({len(spec.cases(inputs.generator(seed)))} input(s)): differentiable to every order.")
+
+
+def _judge_third(name: str, x: torch.Tensor, want: torch.Tensor, found: Any) -> None:
+    __tracebackhide__ = True
+    try:
+        value, order, error = found["value"], found["order"], probe.ProbeError.from_data(found["error"])
+    except (KeyError, TypeError):
+        raise probe.Malformed("malformed third derivative") from None
+    if not isinstance(order, int) or not (value is None or isinstance(value, torch.Tensor)):
+        raise probe.Malformed("malformed third derivative")
+    shown = [f"x = {show(x)}", "(directions v, w, u drawn at random: d/dx <d/dx <d/dx <out, v>, w>, u>)"]
+    if error is not None:
+        fail(f"{name}: taking derivative {order} raised {error.type}: {error.message.strip().splitlines()[0]}",
+             *shown, cause=THIRD_ORDER_CAUSE)
+    if value is None:
+        fail(f"{name}: derivative {order} is not connected to x: autograd could not differentiate that far.",
+             *shown, f"expected {show(want)}", cause=THIRD_ORDER_CAUSE)
+    value = value.to(want.dtype).cpu()
+    if value.shape != want.shape or not torch.allclose(value, want, rtol=1e-6, atol=1e-9):
+        fail(f"{name}: the third derivative differs from the reference's.", *shown,
+             f"expected {show(want)}", f"actual   {show(value)}", cause=THIRD_ORDER_CAUSE)
 
 
 # --- Sinh that returns its intermediates as extra outputs (the PyTorch tutorial's fix) -------
@@ -117,7 +164,9 @@ def check_sinh_intermediates(
             recording = check_saved(student, SINH_INTERMEDIATES_SAVES, devices.prepare(args, device))
     passed(f"SinhWithIntermediates saves exactly expx and expnegx, its outputs ({recording.nbytes} bytes for x "
            f"of shape {tuple(recording.args[0].shape)}), nothing on ctx.")
-    check_function(student, replace(SINH_INTERMEDIATES, cases=cases), seed=seed)
+    spec = replace(SINH_INTERMEDIATES, cases=cases)
+    check_function(student, spec, seed=seed)
+    check_third_order(student, spec, seed=seed)
 
 
 # --- CubeBackward: the backward of a backward autograd cannot see ---------------------------
@@ -135,8 +184,12 @@ def _cube_backward_hint(args: tuple, i: int, wrong: torch.Tensor) -> str | None:
 
 
 def _cube_backward_cases(shapes: Sequence[Sequence[int]]):
+    """grad_out and x of each shape; x = 0 in every draw (where 6x and 3x² vanish, and a formula
+    that divides by x is 0/0)."""
+
     def cases(generator: torch.Generator) -> list[tuple]:
-        return [(inputs.normal(shape, generator), inputs.uniform(shape, generator)) for shape in shapes]
+        return [(inputs.normal(shape, generator), inputs.including(inputs.uniform(shape, generator), [0.0]))
+                for shape in shapes]
 
     return cases
 
@@ -146,6 +199,7 @@ CUBE_BACKWARD = FunctionSpec(
     reference=lambda grad_out, x: grad_out * 3 * x**2,
     cases=_cube_backward_cases([(5,), (2, 3)]),
     hint=_cube_backward_hint,
+    double_backward=True,  # Cube's third derivative: its backward's backward must stay in torch too
 )
 
 
@@ -155,13 +209,15 @@ def check_cube_backward(
     shapes: Sequence[Sequence[int]] = ((5,), (2, 3)),
     seed: int | None = 0,
 ) -> None:
-    """CubeBackward(grad_out, x) = grad_out * 3x², with both of its gradients.
+    """CubeBackward(grad_out, x) = grad_out * 3x², with both of its gradients, differentiable
+    again.
 
     Cube's double backward is CubeBackward's backward, so CubeBackward's gradcheck is
-    Cube's gradgradcheck.
+    Cube's gradgradcheck, and CubeBackward's gradgradcheck is Cube's third derivative.
     """
     __tracebackhide__ = True
     check_function(student, replace(CUBE_BACKWARD, cases=_cube_backward_cases(shapes)), seed=seed)
+    note("(CubeBackward's double backward is Cube's third derivative: it is right too, at x = 0 included.)")
 
 
 # --- Hessian-vector products ---------------------------------------------------------------

@@ -384,21 +384,29 @@ def _mini_gradcheck_cases(generator: torch.Generator) -> list[Case]:
     row, col = int(torch.randint(6, (), generator=g)), int(torch.randint(4, (), generator=g))
     tolerance = ("an entry passes when |analytical - numerical| <= atol + rtol * |numerical| "
                  "(torch.allclose(analytical, numerical, rtol=rtol, atol=atol)).")
+    other = (row + 1 + int(torch.randint(5, (), generator=g))) % 6, col  # another entry, in another row
+    either_sign = ("an error counts whatever its sign: compare |analytical - numerical| with the tolerance, "
+                   "so that an analytical value too small fails as one too large does.")
     return [
         Case("tanh(x)", gradcheck.TANH, (_uniform(g, 2, 3),)),
         Case("x @ w", gradcheck.MATMUL, (x, w)),
         Case("(sin(x), x * y) (output 0 does not depend on y)", gradcheck.SIN_AND_PRODUCT,
              (_uniform(g, 3), _uniform(g, 3)),
              cause="where an output does not depend on an input, its Jacobian block is zero."),
-        Case(f"OneWrongEntry: (2 x, x @ w) whose backward is wrong at J[1][1][{row}, {col}]",
-             gradcheck.ONE_WRONG_ENTRY[row, col], (x.clone(), w.clone()),
+        Case(f"OneWrongEntry: (2 x, x @ w) whose backward is 0.5 too large at J[1][1][{row}, {col}]",
+             gradcheck.ONE_WRONG_ENTRY[row, col, 0.5], (x.clone(), w.clone()),
              cause="compare every entry of every (output, input) pair."),
+        Case(f"OneWrongEntry: (2 x, x @ w) whose backward is 0.5 too small at J[1][1][{other[0]}, {other[1]}]",
+             gradcheck.ONE_WRONG_ENTRY[(*other, -0.5)], (x.clone(), w.clone()),
+             cause=f"compare every entry of every (output, input) pair; {either_sign}"),
         Case("tanh(x) whose backward ignores grad_output", gradcheck.TANH_IGNORES_GRAD_OUTPUT, (_uniform(g, 3),),
              cause="compare every entry of every (output, input) pair, off-diagonal ones too."),
         Case("tanh(x) whose backward is 0.05% too large (inside rtol)", gradcheck.TANH_OFF_BY[5e-4],
              (_uniform(g, 4),), cause=tolerance),
         Case("tanh(x) whose backward is 0.5% too large (outside rtol)", gradcheck.TANH_OFF_BY[5e-3],
              (_uniform(g, 4),), cause=tolerance),
+        Case("tanh(x) whose backward is 0.5% too small (outside rtol)", gradcheck.TANH_OFF_BY[-5e-3],
+             (_uniform(g, 4),), cause=f"{tolerance} {either_sign}"),
         Case("tanh(x) whose backward is 0.5% too large, checked with rtol=0.01", gradcheck.TANH_OFF_BY[5e-3],
              (_uniform(g, 4),), {"rtol": 1e-2}, cause="use the atol and rtol you are given."),
         Case("exp(2 x) at eps=0.1 (truncation error fails it)", gradcheck.EXP_2X, (_uniform(g, 3),),

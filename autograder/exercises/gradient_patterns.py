@@ -93,8 +93,11 @@ def _matmul_cases(sizes: Sequence[MatmulSizes]):
 
 
 MATMUL_SIZES: tuple[MatmulSizes, ...] = (((), 3, 4, 2), ((2,), 3, 4, 5), ((2, 1), 2, 3, 4), ((2, 3), 2, 1, 3))
+# Every Function of this notebook is differentiated twice: 4.1 teaches why (a backward
+# built from torch operations stays differentiable), and a step outside torch shows there.
 BATCHED_MATMUL = FunctionSpec(
-    name="BatchedMatmul", reference=torch.matmul, cases=_matmul_cases(MATMUL_SIZES), hint=_matmul_hint
+    name="BatchedMatmul", reference=torch.matmul, cases=_matmul_cases(MATMUL_SIZES), hint=_matmul_hint,
+    double_backward=True,
 )
 
 
@@ -138,6 +141,8 @@ UNBROADCAST_PAIRS: tuple[tuple[Shape, Shape], ...] = (
     ((3, 4), (4,)), ((3, 4), (3, 4)), ((3, 4), (3, 1)), ((2, 3, 4), (3, 1)),
     ((2, 3, 4), ()), ((2, 3, 4), (1, 3, 1)), ((1, 4), (4,)), ((), ()),
 )
+# Checked whatever pairs a check is given: an empty batch, whose sum is zeros (a mean is nan).
+EMPTY = ((0, 3), (3,))
 
 
 def check_unbroadcast(
@@ -149,6 +154,7 @@ def check_unbroadcast(
     """unbroadcast(grad, shape) sums grad down to `shape`; each pair is (grad.shape, shape)."""
     __tracebackhide__ = True
     generator = inputs.generator(seed)
+    pairs = (*pairs, EMPTY)
     with quiet():
         for k, (grad_shape, shape) in enumerate(pairs):
             grad = inputs.normal(grad_shape, generator)
@@ -245,7 +251,7 @@ def _affine_hint(args: tuple, i: int, wrong: torch.Tensor) -> str:
 
 AFFINE = FunctionSpec(
     name="Affine", reference=lambda x, weight, bias: x * weight + bias, cases=_affine_cases(AFFINE_SHAPES),
-    hint=_affine_hint,
+    hint=_affine_hint, double_backward=True,
 )
 
 
@@ -290,7 +296,8 @@ def _mean_hint(args: tuple, i: int, wrong: torch.Tensor) -> str:
     )
 
 
-MEAN = FunctionSpec(name="Mean", reference=torch.mean, cases=_reduction_cases(MEAN_CASES, inputs.normal), hint=_mean_hint)
+MEAN = FunctionSpec(name="Mean", reference=torch.mean, cases=_reduction_cases(MEAN_CASES, inputs.normal), hint=_mean_hint,
+                    double_backward=True)
 
 
 def check_mean(student: Any, *, specs: Sequence[Reduction] = MEAN_CASES, seed: int | None = 0) -> None:
@@ -334,7 +341,8 @@ def _max_hint(args: tuple, i: int, wrong: torch.Tensor) -> str:
     )
 
 
-MAX = FunctionSpec(name="Max", reference=torch.amax, cases=_reduction_cases(MAX_CASES, _distinct), hint=_max_hint)
+MAX = FunctionSpec(name="Max", reference=torch.amax, cases=_reduction_cases(MAX_CASES, _distinct), hint=_max_hint,
+                   double_backward=True)
 
 
 def check_max(student: Any, *, specs: Sequence[Reduction] = MAX_CASES, seed: int | None = 0) -> None:
@@ -465,12 +473,34 @@ CONV_SIZES: tuple[ConvSizes, ...] = (
 )
 
 
+def _pick(options: Sequence, generator: torch.Generator) -> Any:
+    return options[int(torch.randint(len(options), (), generator=generator))]
+
+
+def per_axis_sizes(generator: torch.Generator) -> ConvSizes:
+    """A convolution whose two spatial axes differ in everything: input size, kernel size,
+    stride, padding, and the rows or columns the stride leaves over (conv_transpose2d's
+    output_padding). A value of one axis used for both axes cannot pass it."""
+    (kh, kw), (sh, sw), (ph, pw) = (_pick(pairs, generator) for pairs in (KERNELS, STRIDES, PADDINGS))
+    fits = [(h, w) for h in range(4, 10) for w in range(4, 10)
+            if h != w and (h + 2 * ph - kh) % sh != (w + 2 * pw - kw) % sw]
+    h, w = _pick(fits, generator)
+    return (_pick((1, 2), generator), 2, h, w), (3, 2, kh, kw), True, (sh, sw), (ph, pw)
+
+
+KERNELS = ((1, 2), (2, 1), (2, 3), (3, 2), (1, 3), (3, 1))
+STRIDES = ((1, 2), (2, 1), (2, 3), (3, 2))
+PADDINGS = ((0, 1), (1, 0), (1, 2), (2, 1))
+
+
 def _conv_cases(sizes: Sequence[ConvSizes]):
+    """The given sizes, and one drawn by `per_axis_sizes`: every draw has its two axes differ."""
+
     def cases(generator: torch.Generator) -> list[tuple]:
         return [
             (inputs.normal(x, generator), inputs.normal(w, generator),
              inputs.normal(w[:1], generator) if bias else None, stride, padding)
-            for x, w, bias, stride, padding in sizes
+            for x, w, bias, stride, padding in (*sizes, per_axis_sizes(generator))
         ]
 
     return cases
@@ -480,14 +510,18 @@ def _conv_hint(args: tuple, i: int, wrong: torch.Tensor) -> str:
     stride, padding = args[3], args[4]
     if i == 2:
         return "the bias is added at every (batch, row, column) position: sum grad_output over dims 0, 2 and 3."
+    per_axis = (" Here the two axes differ: every parameter is a pair (height, width), and each axis needs its "
+                "own value — one axis's stride, padding, kernel size or output_padding used for both is right "
+                "only when they happen to agree." if isinstance(stride, tuple) or isinstance(padding, tuple) else "")
     return (
         f"pass the stride ({stride!r}) and padding ({padding!r}) of forward to "
         f"torch.nn.grad.conv2d_{'input' if i == 0 else 'weight'}, with the shape of the "
-        f"{'input' if i == 0 else 'weight'}."
+        f"{'input' if i == 0 else 'weight'}.{per_axis}"
     )
 
 
-CONV2D = FunctionSpec(name="Conv2d", reference=F.conv2d, cases=_conv_cases(CONV_SIZES), hint=_conv_hint)
+CONV2D = FunctionSpec(name="Conv2d", reference=F.conv2d, cases=_conv_cases(CONV_SIZES), hint=_conv_hint,
+                      double_backward=True)
 
 
 def check_conv2d(student: Any, *, sizes: Sequence[ConvSizes] = CONV_SIZES, seed: int | None = 0) -> None:

@@ -149,8 +149,10 @@ def transform_cause(message: str, kind: str, facts: dict | None = None) -> str |
                 "refuses it, without it runs the Function eagerly between two graphs. Keep jvp out of Functions "
                 "that must compile in one graph (or make the computation a custom op).")
     if "Unsupported" in kind or "graph break" in message.lower():
-        return ("torch.compile could not trace the code into one graph (fullgraph=True): code it cannot see "
-                "(NumPy, a C library) belongs in a torch.library.custom_op with a fake kernel.")
+        return ("torch.compile could not trace the code into one graph (fullgraph=True). It traces most NumPy "
+                "(through torch._numpy), but not a NumPy function it does not know, `.item()`/`.tolist()` on a "
+                "value, or compiled code (a C library, a CUDA kernel): such code belongs in a "
+                "torch.library.custom_op with a fake kernel.")
     return None
 
 

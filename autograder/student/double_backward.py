@@ -68,3 +68,26 @@ def call_hvp(hvp: Any, f: Callable, params: list, x: torch.Tensor, v: torch.Tens
         "x_changed": x.requires_grad != requires_grad or x.grad is not None or not torch.equal(x.detach(), before),
         "backward_passes": passes[0],
     }
+
+
+@probe.procedure
+def third_derivative(fn: Any, x: torch.Tensor, directions: list) -> dict:
+    """The third derivative of `fn`'s first output along the directions (v, w, u):
+    d/dx <d/dx <d/dx <fn(x), v>, w>, u>, autograd differentiating the student's backward,
+    and the backward of that backward. {"value": a tensor, or None with "order": the
+    derivative that could not be taken (2 or 3), and "error": why}."""
+    v, w, u = directions
+    x = x.detach().clone().requires_grad_()
+    found, order = None, 1
+    try:
+        out = probe.as_callable(fn)(x)
+        found = out[0] if isinstance(out, (tuple, list)) else out
+        for order, direction in ((1, v), (2, w), (3, u)):
+            if not (isinstance(found, torch.Tensor) and found.requires_grad):
+                return {"value": None, "order": order, "error": None}  # no graph to differentiate
+            (found,) = torch.autograd.grad(found, x, direction, create_graph=order < 3, allow_unused=True)
+            if found is None:
+                return {"value": None, "order": order, "error": None}  # not connected to x
+    except Exception as exc:  # the student's code may raise anything
+        return {"value": None, "order": order, "error": asdict(probe.ProbeError.of("backward", exc))}
+    return {"value": found.detach(), "order": 3, "error": None}

@@ -34,20 +34,21 @@ def _torch_numerical_jacobian(f: Callable, inputs: Sequence[torch.Tensor], eps: 
 torch_numerical_jacobian = _handed("torch_numerical_jacobian", _torch_numerical_jacobian)
 
 class _OneWrongEntry(torch.autograd.Function):
-    """(2 x, x @ w), whose backward is wrong in one entry of d(x @ w)/dw: J[1][1][row, col]."""
+    """(2 x, x @ w), whose backward is wrong in one entry of d(x @ w)/dw, J[1][1][row, col],
+    by `error` (0.5 or -0.5: too large or too small)."""
 
     @staticmethod
-    def forward(ctx, x, w, row, col):
+    def forward(ctx, x, w, row, col, error):
         ctx.save_for_backward(x, w)
-        ctx.row, ctx.col = row, col
+        ctx.row, ctx.col, ctx.error = row, col, error
         return 2 * x, x @ w
 
     @staticmethod
     def backward(ctx, grad_double, grad_product):
         x, w = ctx.saved_tensors
         grad_w = x.T @ grad_product
-        grad_w.view(-1)[ctx.row] += 0.5 * grad_product.reshape(-1)[ctx.col]
-        return 2 * grad_double + grad_product @ w.T, grad_w, None, None
+        grad_w.view(-1)[ctx.row] += ctx.error * grad_product.reshape(-1)[ctx.col]
+        return 2 * grad_double + grad_product @ w.T, grad_w, None, None, None
 
 
 def _elementwise(name: str, forward: Callable, derivative: Callable, *, chain_rule: bool = True):
@@ -86,10 +87,12 @@ SCALED_CUMSUM = _handed("scaled_cumsum", lambda x, s: s * x.cumsum(0))
 # mini_gradcheck's functions; one OneWrongEntry per wrong entry (row, col), drawn at random
 TANH = _handed("tanh", lambda x: torch.tanh(x))
 SIN_AND_PRODUCT = _handed("sin_and_product", lambda x, y: (x.sin(), x * y))
+# mini_gradcheck's wrong Functions come with errors of both signs: a test that looks at one
+# side of the error (analytical above numerical, say) misses half of them.
 ONE_WRONG_ENTRY = {
-    (row, col): _handed(f"one_wrong_entry_{row}_{col}",
-                        lambda x, w, row=row, col=col: _OneWrongEntry.apply(x, w, row, col))
-    for row in range(6) for col in range(4)
+    (row, col, error): _handed(f"one_wrong_entry_{row}_{col}_{error:+g}",
+                               lambda x, w, row=row, col=col, error=error: _OneWrongEntry.apply(x, w, row, col, error))
+    for row in range(6) for col in range(4) for error in (0.5, -0.5)
 }
 TANH_IGNORES_GRAD_OUTPUT = _handed(
     "tanh_ignores_grad_output",
@@ -98,7 +101,7 @@ TANH_IGNORES_GRAD_OUTPUT = _handed(
 TANH_OFF_BY = {
     k: _handed(f"tanh_off_by_{k:g}",
                _elementwise(f"TanhOffBy{k:g}", torch.tanh, lambda x, k=k: _tanh_derivative(x) * (1 + k)).apply)
-    for k in (5e-4, 5e-3)
+    for k in (5e-4, 5e-3, -5e-3)
 }
 EXP_2X = _handed("exp_2x", lambda x: (2 * x).exp())
 # Elementwise Functions whose backward is the derivative plus a known error.

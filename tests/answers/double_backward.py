@@ -31,6 +31,35 @@ class SinhWithIntermediates(torch.autograd.Function):
 def sinh_with_intermediates(x):
     return SinhWithIntermediates.apply(x)[0]
 '''
+# SinhFixed whose backward calls a Function of its own (as Cube calls CubeBackward): right to
+# second order; the third derivative goes through the helper's backward.
+_COSH_TIMES = '''
+import numpy as np
+
+
+class CoshTimes(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, grad_out, x):
+        ctx.save_for_backward(grad_out, x)
+        return grad_out * torch.cosh(x)
+
+    @staticmethod
+{decorator}    def backward(ctx, grad):
+        grad_out, x = ctx.saved_tensors
+        return grad * torch.cosh(x), grad * grad_out * {sinh}
+
+
+class SinhFixed(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.sinh(x)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (x,) = ctx.saved_tensors
+        return CoshTimes.apply(grad_out, x)
+'''
 _TUTORIAL_FORWARD = "ctx.save_for_backward(expx, expnegx)\n        return (expx - expnegx) / 2, expx, expnegx"
 _EXTRA_TERMS = "return grad_x + grad_expx * expx - grad_expnegx * expnegx"
 
@@ -132,6 +161,23 @@ class SinhFixed(torch.autograd.Function):
           ("grad_grad_out = grad * 3 * x**2", "grad_grad_out = torch.zeros_like(grad)")),
     wrong("cube_backward", "multiplies the incoming gradient in place",
           ("grad_x = grad * grad_out * 6 * x", "grad_x = grad.mul_(grad_out * 6 * x)")),
+    # Right to second order only: the backward of the backward leaves torch.
+    wrong("cube_backward", "the x term computed by NumPy",
+          ("grad_x = grad * grad_out * 6 * x",
+           "grad_x = grad * torch.as_tensor(grad_out.detach().cpu().numpy() * 6 * x.detach().cpu().numpy(),"
+           " device=x.device)")),
+    wrong("cube_backward", "the grad_out term by the NumPy kernel", ("grad_grad_out = grad * 3 * x**2",
+                                                                     "grad_grad_out = cube_backward_kernel(grad, x)")),
+    wrong("cube_backward", "marks its backward @once_differentiable",
+          ("    @staticmethod\n    def backward(ctx, grad):",
+           "    @staticmethod\n    @torch.autograd.function.once_differentiable\n    def backward(ctx, grad):")),
+    wrong("cube_backward", "detaches the saved x", ("grad_out, x = ctx.saved_tensors", "grad_out, x = ctx.saved_tensors\n"
+                                                   "        x = x.detach()")),
+    wrong("cube_backward", "6x² / x: nan at x = 0", ("grad_x = grad * grad_out * 6 * x", "grad_x = grad * grad_out * 6 * x**2 / x")),
+    wrong("sinh_fixed", "backward through a helper Function whose backward uses NumPy", source=_COSH_TIMES.format(
+        decorator="", sinh="torch.as_tensor(np.sinh(x.detach().cpu().numpy()), device=x.device)")),
+    wrong("sinh_fixed", "backward through a helper Function marked @once_differentiable", source=_COSH_TIMES.format(
+        decorator="    @torch.autograd.function.once_differentiable\n", sinh="torch.sinh(x)")),
     wrong("hvp", "no create_graph", (", create_graph=True)", ")")),
     wrong("hvp", "detaches the gradient",
           ("torch.autograd.grad(g, x, grad_outputs=v)", "torch.autograd.grad(g.detach(), x, grad_outputs=v)")),
@@ -214,7 +260,7 @@ class SinhFixed(torch.autograd.Function):
               backward="expx, expnegx = ctx.saved_tensors\n        grad_input = grad_out * (expx + expnegx) / 2\n"
                        "        grad_input += grad_expx * expx\n        grad_input -= grad_expnegx * expnegx\n"
                        "        return grad_input")),
-    right("cube_backward", "kernel for the grad_out term, needs_input_grad", source='''
+    right("cube_backward", "itself for the grad_out term, needs_input_grad", source='''
 class CubeBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, grad_out, x):
@@ -226,7 +272,7 @@ class CubeBackward(torch.autograd.Function):
         grad_out, x = ctx.saved_tensors
         d_grad_out = d_x = None
         if ctx.needs_input_grad[0]:
-            d_grad_out = cube_backward_kernel(grad, x)  # grad · 3x², the same kernel
+            d_grad_out = CubeBackward.apply(grad, x)  # grad · 3x²: a node, differentiable again
         if ctx.needs_input_grad[1]:
             d_x = 6 * x * grad_out * grad
         return d_grad_out, d_x

@@ -78,6 +78,15 @@ def numerical_jacobian(f, inputs, eps=1e-6):
           ("torch.zeros(x.numel(), out.numel(), dtype=torch.float64, device=x.device)",
            "torch.zeros(out.numel(), x.numel(), dtype=torch.float64, device=x.device)"),
           ("J[i][j][:, c] = g.reshape(-1)", "J[i][j][c] = g.reshape(-1)")),
+    # An error test that looks at one side of the error.
+    wrong("mini_gradcheck", "names the entry with the largest signed difference a - n",
+          ("row, col = divmod(int(excess.argmax()), n.shape[1])", "row, col = divmod(int((a - n).argmax()), n.shape[1])")),
+    wrong("mini_gradcheck", "counts only an analytical value above the numerical one",
+          ("excess = (a - n).abs() - (atol + rtol * n.abs())", "excess = (a - n) - (atol + rtol * n.abs())")),
+    wrong("mini_gradcheck", "clamps the difference at zero",
+          ("excess = (a - n).abs() - (atol + rtol * n.abs())", "excess = (a - n).clamp(min=0) - (atol + rtol * n.abs())")),
+    wrong("mini_gradcheck", "counts only an analytical value below the numerical one",
+          ("excess = (a - n).abs() - (atol + rtol * n.abs())", "excess = (n - a) - (atol + rtol * n.abs())")),
     # 5.3 diagnoses
     wrong("diagnoses", "float32 read as a small eps", ('"b": "float32"', '"b": "eps too small"')),
     wrong("diagnoses", "a missing term read as ignoring grad_output", ('"a": "missing term"', '"a": "ignores grad_output"')),

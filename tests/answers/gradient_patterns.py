@@ -333,3 +333,89 @@ class Conv2d(torch.autograd.Function):
         return grad_input, grad_weight, grad_bias, None, None
 '''),
 ]
+
+# A parameter of one spatial axis used for both (right whenever the two axes agree).
+_CONV_TRANSPOSED = '''
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+class Conv2d(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input, weight, bias=None, stride=1, padding=0):
+        ctx.save_for_backward(input, weight)
+        ctx.stride, ctx.padding = _pair(stride), _pair(padding)
+        return F.conv2d(input, weight, bias, stride, padding)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        input, weight = ctx.saved_tensors
+        sizes = zip(input.shape[-2:], grad_output.shape[-2:], weight.shape[-2:], ctx.stride, ctx.padding)
+        output_padding = tuple(n - ((o - 1) * s - 2 * p + k) for n, o, k, s, p in sizes)
+        grad_input = F.conv_transpose2d(grad_output, weight, None, ctx.stride, ctx.padding, output_padding)
+        grad_weight = torch.nn.grad.conv2d_weight(input, weight.shape, grad_output, ctx.stride, ctx.padding)
+        grad_bias = grad_output.sum((0, 2, 3)) if ctx.needs_input_grad[2] else None
+        return grad_input, grad_weight, grad_bias, None, None
+'''
+MUTANTS += [
+    wrong("conv2d", "output_padding of the height used for the width", source=_CONV_TRANSPOSED.replace(
+        "        sizes = zip(input.shape[-2:], grad_output.shape[-2:], weight.shape[-2:], ctx.stride, ctx.padding)\n"
+        "        output_padding = tuple(n - ((o - 1) * s - 2 * p + k) for n, o, k, s, p in sizes)\n",
+        "        n, o, k, s, p = input.shape[2], grad_output.shape[2], weight.shape[2], ctx.stride[0], ctx.padding[0]\n"
+        "        output_padding = n - ((o - 1) * s - 2 * p + k)  # the same for both axes\n")),
+    wrong("conv2d", "output_padding of the width used for the height", source=_CONV_TRANSPOSED.replace(
+        "        sizes = zip(input.shape[-2:], grad_output.shape[-2:], weight.shape[-2:], ctx.stride, ctx.padding)\n"
+        "        output_padding = tuple(n - ((o - 1) * s - 2 * p + k) for n, o, k, s, p in sizes)\n",
+        "        n, o, k, s, p = input.shape[3], grad_output.shape[3], weight.shape[3], ctx.stride[1], ctx.padding[1]\n"
+        "        output_padding = (n - ((o - 1) * s - 2 * p + k),) * 2\n")),
+    wrong("conv2d", "stride and padding of the first axis for both", source=_CONV_TRANSPOSED.replace(
+        "ctx.stride, ctx.padding = _pair(stride), _pair(padding)",
+        "ctx.stride, ctx.padding = _pair(stride)[:1] * 2, _pair(padding)[:1] * 2")),
+]
+VARIANTS += [
+    right("conv2d", "stride and padding spelled out per axis, the bias summed in two steps", source='''
+class Conv2d(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input, weight, bias=None, stride=1, padding=0):
+        sh, sw = (stride, stride) if isinstance(stride, int) else stride
+        ph, pw = (padding, padding) if isinstance(padding, int) else padding
+        ctx.save_for_backward(input, weight)
+        ctx.hw = (sh, sw), (ph, pw)
+        return F.conv2d(input, weight, bias, (sh, sw), (ph, pw))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        input, weight = ctx.saved_tensors
+        stride, padding = ctx.hw
+        grad_input = torch.nn.grad.conv2d_input(input.shape, weight, grad_output, stride, padding)
+        grad_weight = torch.nn.grad.conv2d_weight(input, weight.shape, grad_output, stride, padding)
+        grad_bias = grad_output.sum(3).sum(2).sum(0) if ctx.needs_input_grad[2] else None
+        return grad_input, grad_weight, grad_bias, None, None
+'''),
+]
+
+# A backward that leaves torch for part of its formula: right values, no double backward.
+MUTANTS += [
+    wrong("batched_matmul", "detaches the saved factors in backward",
+          ("a, b = ctx.saved_tensors", "a, b = (t.detach() for t in ctx.saved_tensors)")),
+    wrong("affine", "multiplies by a detached weight",
+          ("unbroadcast(grad_output * weight, x.shape)", "unbroadcast(grad_output * weight.detach(), x.shape)")),
+    wrong("mean", "spreads the gradient with NumPy",
+          ("return grad_output.expand(ctx.shape) / ctx.shape[ctx.dim], None, None",
+           "spread = __import__('numpy').broadcast_to(grad_output.detach().cpu().numpy(), ctx.shape)\n"
+           "        return torch.as_tensor(spread / ctx.shape[ctx.dim], device=grad_output.device), None, None")),
+    wrong("max", "splits the gradient with NumPy",
+          ("return grad_output * is_max / is_max.sum(ctx.dim, keepdim=True), None, None",
+           "g, m = grad_output.detach().cpu().numpy(), is_max.cpu().numpy()\n"
+           "        return torch.as_tensor(g * m / m.sum(ctx.dim, keepdims=True), device=is_max.device), None, None")),
+    wrong("conv2d", "detaches the weight for the input gradient",
+          ("conv2d_input(input.shape, weight, grad_output, ctx.stride, ctx.padding)",
+           "conv2d_input(input.shape, weight.detach(), grad_output, ctx.stride, ctx.padding)")),
+]
+
+# An empty dim: the sum over it is zeros.
+MUTANTS += [
+    wrong("unbroadcast", "a mean times the count (nan over an empty dim)",
+          ("grad = grad.sum(dims, keepdim=True)",
+           "grad = grad.mean(dims, keepdim=True) * math.prod(grad.shape[d] for d in dims)")),
+]
