@@ -20,7 +20,7 @@ WORK ?= work
 PUBLIC ?= public
 ROOT_FLAG = $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
-.PHONY: test lab instructor release publish autograde bench compare-stock fuzz gpu-check gpu-wheels lock system-tools test-tools hub-tools clean
+.PHONY: test lab instructor release publish autograde bench compare-stock verdicts fuzz gpu-check gpu-wheels lock system-tools test-tools hub-tools clean
 
 test: $(STAMP) system-tools test-tools hub-tools
 	$(BIN)/python -m pytest
@@ -73,6 +73,11 @@ FUZZ_SEED ?= 20261127
 fuzz: $(STAMP) system-tools
 	$(BIN)/python -m pytest -n 0 tests/test_fuzz.py --fuzz $(FUZZ) --fuzz-seed $(FUZZ_SEED)
 
+# `make test` checks that the grader's verdicts are the kernel's on a sample of the known
+# answers (the first wrong and right answer of each exercise); this on every one of them.
+verdicts: $(STAMP) system-tools
+	$(BIN)/python -m pytest tests/test_verdicts.py --verdicts-all
+
 # `make test` compares the engine's scores with stock nbgrader's on a sample covering every
 # exercise; this compares them on every known answer (stock nbgrader: about 20 minutes).
 compare-stock: $(STAMP) system-tools
@@ -96,7 +101,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || { \
 	  echo "error: '$(PYTHON) -m venv' failed. On Debian/Ubuntu: apt-get install python3-venv"; exit 1; }
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[lab,test]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[lab,grading,test]'
 	@# An editable install is not byte-compiled, and workers never write bytecode (-B).
 	$(BIN)/python -m compileall -q autograder
 	@touch $@

@@ -52,12 +52,6 @@ _NBGRADER_KEYS = {"schema_version", "grade", "solution", "locked", "task", "grad
 _GRADE_ID = re.compile(r"^[a-zA-Z0-9_\-]+$")
 
 
-def repository_url(root: Path = ROOT) -> str:
-    """The repository URL, set once: `[project.urls] Repository` in pyproject.toml."""
-    with open(root / "pyproject.toml", "rb") as f:
-        return tomllib.load(f)["project"]["urls"]["Repository"]
-
-
 def student_repository(root: Path = ROOT, self_study: bool = False) -> str:
     """The public repository students install from (`make publish` builds its content):
     `[tool.autograd-course] student-repository` in pyproject.toml, or with `self_study`, the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import csv
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,22 @@ def solutions(slug: str) -> dict[str, str]:
     """{answer grade_id: model solution} of a notebook."""
     nb = nbformat.read(authoring.solution_path(slug), as_version=4)
     return {e.answer_id: e.solution for e in exercises(nb)}
+
+
+def run_state(course: Course, slug: str) -> dict:
+    """What a grading run leaves of `slug`: every score and flag, each student's autograded
+    files, grades.csv."""
+    with Gradebook(course.db_url) as gb:
+        submissions = gb.assignment_submissions(slug)
+        grades = {(s.student.id, nb.name, g.name): (g.auto_score, g.needs_manual_grade)
+                  for s in submissions for nb in s.notebooks for g in nb.grades}
+        flags = {(s.student.id, nb.name): nb.flagged for s in submissions for nb in s.notebooks}
+    autograded = course.root / "autograded"
+    files = {folder.name: sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+             for folder in sorted(autograded.iterdir())} if autograded.exists() else {}
+    with open(course.root / "grades.csv", newline="") as f:
+        rows = sorted(tuple(sorted(row.items())) for row in csv.DictReader(f))
+    return {"grades": grades, "flags": flags, "files": files, "grades.csv": rows}
 
 
 def clone(course: Course, root: Path) -> Course:

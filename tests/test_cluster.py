@@ -17,9 +17,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from nbgrader.api import Gradebook
 
-from engine_course import clone, grade, solutions
+from engine_course import clone, grade, run_state, solutions
 from grading import Course
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster")]
@@ -95,20 +94,6 @@ def _is_notebook(process: psutil.Process) -> bool:
         return False
 
 
-def _state(course: Course) -> dict:
-    """What a run leaves: every score and flag, each submission's files, grades.csv."""
-    with Gradebook(course.db_url) as gb:
-        grades = {(s.student.id, nb.name, g.name): (g.auto_score, g.needs_manual_grade)
-                  for s in gb.assignment_submissions(SLUG) for nb in s.notebooks for g in nb.grades}
-        flags = {(s.student.id, nb.name): nb.flagged for s in gb.assignment_submissions(SLUG) for nb in s.notebooks}
-    files = {student: sorted(str(p.relative_to(course.root / "autograded" / student)) for p in
-                             (course.root / "autograded" / student).rglob("*") if p.is_file())
-             for student in STUDENTS if (course.root / "autograded" / student).exists()}
-    with open(course.root / "grades.csv", newline="") as f:
-        rows = sorted(tuple(sorted(row.items())) for row in csv.DictReader(f))
-    return {"grades": grades, "flags": flags, "files": files, "grades.csv": rows}
-
-
 def _last_run(course: Course) -> list[dict]:
     with open(course.root / "reports" / SLUG / "last-run.csv", newline="") as f:
         return list(csv.DictReader(f))
@@ -159,7 +144,7 @@ def test_the_class_graded_on_the_cluster_equals_the_local_run(cluster, courses, 
     cluster_seconds = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     assert "Dask cluster" in result.stderr and "bubblewrap sandbox" in result.stderr
-    assert _state(remote) == _state(local)
+    assert run_state(remote, SLUG) == run_state(local, SLUG)
     assert sorted(r["student"] for r in _last_run(remote)) == STUDENTS
     assert {r["status"] for r in _last_run(remote)} == {r["status"] for r in _last_run(local)}
     # The autograded notebooks hold the same outputs, test cells included (what the checks printed).
@@ -193,7 +178,7 @@ def test_a_dask_worker_killed_mid_notebook_loses_nothing_and_grades_nothing_twic
     assert grader.returncode == 0, stderr
     rows = _last_run(course)
     assert sorted(r["student"] for r in rows) == STUDENTS  # each saved once: none lost, none twice
-    ours, theirs = _state(course), _state(local)
+    ours, theirs = run_state(course, SLUG), run_state(local, SLUG)
     for part in ours:
         assert ours[part] == theirs[part], ({k: v for k, v in ours[part].items() if theirs[part].get(k) != v}
                                             if isinstance(ours[part], dict) else rows)
@@ -227,7 +212,7 @@ def test_the_scheduler_gone_stops_the_run_and_a_rerun_grades_only_the_rest(clust
     assert result.returncode == 0, result.stderr
     assert sorted(r["student"] for r in _last_run(course)) == sorted(set(STUDENTS) - set(saved))
     assert all(_graded_at(course)[s] == at for s, at in saved.items())  # what was saved stays, not graded again
-    assert _state(course) == _state(local)
+    assert run_state(course, SLUG) == run_state(local, SLUG)
 
 
 def test_a_scheduler_that_is_not_there_is_one_line(courses):

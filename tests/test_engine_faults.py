@@ -4,7 +4,6 @@ run again. In the end the gradebook, autograded/ and grades.csv are those of a c
 nothing lost, nothing half-saved, nothing graded twice."""
 from __future__ import annotations
 
-import csv
 import os
 import random
 import signal
@@ -15,9 +14,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from nbgrader.api import Gradebook
 
-from engine_course import clone, grade, solutions
+from engine_course import clone, grade, run_state, solutions
 from grading import Course
 
 pytestmark = pytest.mark.slow
@@ -49,20 +47,6 @@ from autograder.cli import app
 sys.argv = ["autograder", "grade", "--jobs", "1", "--timeout", "60"]
 app()
 """
-
-
-def _state(course: Course) -> dict:
-    """What a run leaves: every score and flag, each submission's files, grades.csv."""
-    with Gradebook(course.db_url) as gb:
-        grades = {(s.student.id, nb.name, g.name): (g.auto_score, g.needs_manual_grade)
-                  for s in gb.assignment_submissions(SLUG) for nb in s.notebooks for g in nb.grades}
-        flags = {(s.student.id, nb.name): nb.flagged for s in gb.assignment_submissions(SLUG) for nb in s.notebooks}
-    files = {student: sorted(str(p.relative_to(course.root / "autograded" / student)) for p in
-                             (course.root / "autograded" / student).rglob("*") if p.is_file())
-             for student in STUDENTS if (course.root / "autograded" / student).exists()}
-    with open(course.root / "grades.csv", newline="") as f:
-        rows = sorted(tuple(sorted(row.items())) for row in csv.DictReader(f))
-    return {"grades": grades, "flags": flags, "files": files, "grades.csv": rows}
 
 
 def _graded_at(course: Course) -> dict[str, int]:
@@ -115,7 +99,7 @@ def test_killed_at_random_and_while_saving_it_ends_as_a_clean_run(courses):
     result = grade(course, "--jobs", "1")
     assert result.returncode == 0, result.stderr
     assert all(first_seen.get(s, t) == t for s, t in _graded_at(course).items())
-    assert _state(course) == _state(clean)
+    assert run_state(course, SLUG) == run_state(clean, SLUG)
 
 
 def test_a_worker_killed_mid_notebook_is_replaced_and_the_notebook_graded_once(courses, tmp_path):
@@ -136,7 +120,7 @@ def test_a_worker_killed_mid_notebook_is_replaced_and_the_notebook_graded_once(c
         time.sleep(0.02)
     assert grader.wait(timeout=300) == 0, grader.stderr.read()
     assert killed == 2
-    assert _state(course) == _state(clean)
+    assert run_state(course, SLUG) == run_state(clean, SLUG)
 
 
 def _is_notebook(process: psutil.Process) -> bool:

@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import tomllib
 
 from autograder import authoring
 
@@ -64,7 +65,8 @@ def test_in_colab_the_setup_cell_installs_the_student_package_and_keeps_torch():
     # The student package from the public repository (never the instructor's, which holds
     # solutions/); torch is not asked for, so pip keeps Colab's own.
     assert args == ["install", "--quiet", f"autograd-course-student @ git+{authoring.student_repository()}"]
-    assert authoring.student_repository() != authoring.repository_url()
+    instructors = tomllib.loads((authoring.ROOT / "pyproject.toml").read_text())["project"]["urls"]["Repository"]
+    assert authoring.student_repository() != instructors
     assert "checks run on cpu" in printed
     # pip runs in a subprocess: IPython's %pip would say "you may need to restart the kernel",
     # which is not needed (the package was never imported before).

@@ -657,11 +657,6 @@ def _check_random(kind: Checkpointing, student: Any, args: tuple, seed: int) -> 
 HOOKS_FACTOR = 4  # a gradient may be off by this many times the error of rounding every activation to bfloat16
 VALUE_BOUND = 2.0 ** -7  # largest difference of an unpacked tensor, relative to its largest entry
 
-HOOKS_CASES = {  # (batch, in, hidden, classes), dtype, scale of w2
-    "visible": [((6, 5, 16, 5), torch.float32, 1.0)],
-}
-
-
 def _hooks_args(shape: Sequence[int], dtype: torch.dtype, scale: float, generator: torch.Generator) -> tuple:
     batch, n_in, hidden, classes = shape
     x = inputs.normal((batch, n_in), generator).to(dtype)

@@ -54,6 +54,7 @@ import autograder
 
 from ..isolation import sandbox
 from ..isolation.limits import Limits
+from ..student.probe import first_line
 from .pool import STARTUP, Pool
 from .preflight import FAILED, USAGE, GradingError
 from .records import Cell, Options, Program, Run, Verdict
@@ -283,7 +284,7 @@ class ClusterPool:
         try:
             self.client = Client(address, timeout=CONNECT, set_as_default=False, name=f"autograder grade {self.run_id}")
         except (OSError, TimeoutError, ValueError) as error:
-            raise GradingError(f"the Dask scheduler at {address} could not be reached ({_first_line(error)}): start it "
+            raise GradingError(f"the Dask scheduler at {address} could not be reached ({first_line(error, 200)}): start it "
                                "(`dask scheduler`) or correct --scheduler", USAGE) from None
         self.futures: dict[str, tuple[str, int]] = {}  # Dask key -> (submission key, notebooks)
         self.completed = as_completed(loop=self.client.loop)
@@ -321,7 +322,7 @@ class ClusterPool:
         except DifferentVersion as error:
             raise GradingError(str(error), USAGE) from None
         except Exception as error:
-            raise GradingError(f"the Dask workers could not start grading ({_first_line(error)})", FAILED) from None
+            raise GradingError(f"the Dask workers could not start grading ({first_line(error, 200)})", FAILED) from None
         self.isolation = ClusterIsolation(self.address, described)
         for warning in self.isolation.warnings():
             self.console.print(f"[bold red]WARNING[/] {warning}")
@@ -349,7 +350,7 @@ class ClusterPool:
                 why = ("its Dask worker died each time it was run, on several machines (machines that failed, or a "
                        "notebook that took its grading process down)")
             else:
-                why = f"the grading worker failed: {_first_line(error)}"
+                why = f"the grading worker failed: {first_line(error, 200)}"
             runs = [Run(failure=why) for _ in range(notebooks)]
         else:  # cancelled: the client lost the scheduler
             raise self._lost()
@@ -408,8 +409,3 @@ class ClusterPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0][:200] if text else type(error).__name__

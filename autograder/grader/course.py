@@ -20,6 +20,7 @@ from sqlalchemy.exc import OperationalError
 from traitlets.config import Config
 
 from ..checks import inputs
+from ..student.probe import first_line
 from .verdicts import Judge, warm
 from . import discover, feedback, nbgrader_adapter, progress, report, results, secret, untrusted
 from .preflight import FAILED, GradingError
@@ -147,7 +148,7 @@ def _grade_all(todo, known, pool, preparer, writer, console, limits, course_key:
             except OperationalError as error:  # the gradebook is locked or gone: this one waits for a rerun
                 outcome = _outcome(submission, notebook_results)
                 outcome.status, outcome.saved = "failed", False
-                outcome.problems.append(f"not saved: the gradebook could not be written ({_first_line(error)}); "
+                outcome.problems.append(f"not saved: the gradebook could not be written ({first_line(error, 200)}); "
                                         "run `autograder grade` again to grade it")
             except OSError as error:
                 where = f" ({error.filename})" if error.filename else ""
@@ -185,7 +186,7 @@ def _prepare(submission: discover.Submission, known: set[str], preparer: Prepare
         except Rejected as error:
             items.append(results.rejected(name, str(error), data))
         except Exception as error:  # whatever a notebook holds, it stops no one else's grading
-            items.append(results.rejected(name, f"not graded: the grader could not prepare it ({_first_line(error)})", data))
+            items.append(results.rejected(name, f"not graded: the grader could not prepare it ({first_line(error, 200)})", data))
     unused = [f"{reason}: not used" for _, reason in submission.refused]  # a person should know
     for item in items:
         (item.problems if isinstance(item, results.NotebookResult) else item.flags).extend(unused)
@@ -196,7 +197,7 @@ def _graded(prepared, run) -> results.NotebookResult:
     try:
         return results.graded(prepared, run)
     except Exception as error:  # outputs nothing can hold: the notebook alone fails
-        return results.rejected(prepared.name, f"not graded: its results could not be recorded ({_first_line(error)})")
+        return results.rejected(prepared.name, f"not graded: its results could not be recorded ({first_line(error, 200)})")
 
 
 def _save(writer: Writer, submission: discover.Submission, notebook_results: list) -> list[results.NotebookResult]:
@@ -209,14 +210,10 @@ def _save(writer: Writer, submission: discover.Submission, notebook_results: lis
     except (OperationalError, OSError):
         raise
     except Exception as error:
-        reason = f"not graded: its autograded notebook could not be written ({_first_line(error)})"
+        reason = f"not graded: its autograded notebook could not be written ({first_line(error, 200)})"
         refused = [results.rejected(r.name, reason, r.data) if r.nb is not None else r for r in notebook_results]
         writer.save(submission, refused)
         return refused
-
-
-def _first_line(error: Exception) -> str:
-    return str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
 
 
 def _outcome(submission, notebook_results) -> report.Outcome:

@@ -58,7 +58,11 @@ def _grade(options: Options, config, console: Console, started: float, scheduler
     sys.modules.setdefault("rfc3987_syntax", None)
     with progress.showing(console, started) as display:  # one status line from the first second
         if scheduler is not None:  # each Dask worker probes and warns for its own machine
-            from .cluster import ClusterPool
+            try:
+                from .cluster import ClusterPool
+            except ImportError as error:  # the `grading` extra is not installed
+                raise GradingError(f"grading on a Dask cluster needs {error.name}: "
+                                   "pip install -c constraints.txt -e '.[lab,grading]'") from None
 
             display.phase("reaching the Dask scheduler ...")
             pool = ClusterPool(scheduler, options, console)

@@ -26,6 +26,13 @@ def _cut(text: str) -> str:
     return text if len(text) <= MESSAGE else f"{text[:MESSAGE]}… [cut: {len(text) - MESSAGE} more characters]"
 
 
+def first_line(error: BaseException, limit: int = MESSAGE) -> str:
+    """The first line of what `error` says (its type's name when it says nothing), cut at
+    `limit` characters."""
+    text = str(error).strip()
+    return text.splitlines()[0][:limit] if text else type(error).__name__
+
+
 @dataclass
 class ProbeError:
     stage: str  # "forward", "backward" or "double backward"

@@ -26,6 +26,7 @@ import sys
 from dataclasses import dataclass
 from importlib import resources
 
+from .probe import first_line
 from .report import CheckFailed, quiet, undefined
 
 GRADING = "Summary: this notebook is being graded, and the grader runs every check itself."
@@ -72,25 +73,20 @@ def is_check_cell(source: str) -> bool:
     return source.strip() in {check["source"].strip() for checks in _table().values() for check in checks}
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
 def run_check(check: VisibleCheck, namespace: dict) -> Row:
     """Run one visible check cell in `namespace`, its output captured."""
     with contextlib.redirect_stdout(io.StringIO()), quiet():
         try:
             exec(compile(check.source, f"<{check.grade_id}>", "exec"), namespace)
         except CheckFailed as failed:
-            return Row(check, False, 0, _first_line(failed))
+            return Row(check, False, 0, first_line(failed))
         except NotImplementedError:
             return Row(check, False, 0, "not implemented yet.")
         except NameError as missing:
-            name = getattr(missing, "name", None) or _first_line(missing)
+            name = getattr(missing, "name", None) or first_line(missing)
             return Row(check, False, 0, undefined(name))
         except Exception as error:  # anything the student's code raised
-            return Row(check, False, 0, f"{type(error).__name__}: {_first_line(error)}")
+            return Row(check, False, 0, f"{type(error).__name__}: {first_line(error)}")
     return Row(check, True, check.points, "")
 
 
