@@ -33,6 +33,8 @@ GRADING = "Summary: this notebook is being graded, and the grader runs every che
 NO_KERNEL = "Summary: it runs in a notebook's kernel (JupyterLab, Colab); here, pass the names: summary(slug, namespace)."
 NO_CHECKS = "Summary: the course's checks are not installed here (run the setup cell first)."
 
+KEYS_MODULE = "autograder.checks.quiz_keys"  # every quiz's key: only in a self-study edition of the student package
+
 
 @dataclass(frozen=True)
 class VisibleCheck:
@@ -127,8 +129,6 @@ def report(slug: str, rows: list[Row]) -> str:
 
 def _self_study() -> bool:
     """The self-study edition of the student package: it holds every quiz's key, no one grades."""
-    from ..checks.answers import KEYS_MODULE
-
     return importlib.util.find_spec(KEYS_MODULE) is not None
 
 
