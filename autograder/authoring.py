@@ -48,7 +48,8 @@ from autograder.student.handin import hand_in
 
 hand_in("");'''
 
-_NBGRADER_KEYS = {"schema_version", "grade", "solution", "locked", "task", "grade_id", "points", "checksum", "cell_type"}
+_NBGRADER_KEYS = {"schema_version", "grade", "solution", "locked", "task", "grade_id", "points", "checksum",
+                  "cell_type"}
 _GRADE_ID = re.compile(r"^[a-zA-Z0-9_\-]+$")
 
 

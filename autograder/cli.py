@@ -32,12 +32,15 @@ def grade(
     timeout: float = typer.Option(120, help="Seconds a notebook may run in total; then it is stopped and flagged."),
     memory: int = typer.Option(2048, help="MiB of memory a notebook may use."),
     no_sandbox: bool = typer.Option(
-        False, "--no-sandbox", help="Run without bubblewrap even if it is installed (isolation is reduced: not for untrusted code)."
+        False, "--no-sandbox",
+        help="Run without bubblewrap even if it is installed (isolation is reduced: not for untrusted code)."
     ),
     feedback: bool = typer.Option(
-        False, "--feedback", help="Also write feedback/ (HTML for students, hidden tests removed), as `nbgrader generate_feedback` does."
+        False, "--feedback",
+        help="Also write feedback/ (HTML for students, hidden tests removed), as `nbgrader generate_feedback` does."
     ),
-    db: Optional[str] = typer.Option(None, help="Gradebook URL (default: nbgrader's, sqlite:///gradebook.db in the course; "
+    db: Optional[str] = typer.Option(None,
+                                     help="Gradebook URL (default: nbgrader's, sqlite:///gradebook.db in the course; "
                                                 "PostgreSQL: postgresql+psycopg://USER@HOST/DATABASE)."),
     scheduler: Optional[str] = typer.Option(
         None, help="Grade on a Dask cluster: the scheduler's address (tcp://HOST:8786). Each Dask worker runs as many "
@@ -46,7 +49,8 @@ def grade(
     ),
     course: Path = typer.Option(Path("."), help="The course root: the folder with nbgrader_config.py and submitted/."),
     gpu: bool = typer.Option(
-        False, "--gpu", help="Insist on a GPU: refuse to start without one. (A GPU that torch can use is passed into the "
+        False, "--gpu",
+        help="Insist on a GPU: refuse to start without one. (A GPU that torch can use is passed into the "
                              "sandbox anyway, device nodes and driver libraries only: README, 'Grading on a GPU'.)"
     ),
 ) -> None:
@@ -157,7 +161,8 @@ def secret(
 
     root = course.resolve()
     if not (root / "nbgrader_config.py").exists():
-        typer.echo(f"error: {root} is not a course root (no nbgrader_config.py): run this there, or pass --course", err=True)
+        typer.echo(f"error: {root} is not a course root (no nbgrader_config.py): run this there, or pass --course",
+                   err=True)
         raise typer.Exit(2)
     key = secrets.rotate(root) if rotate else secrets.load(root)[0]
     typer.echo(f"{'new ' if rotate else ''}grading secret {secrets.fingerprint(key)} in {secrets.path(root)}")
@@ -165,7 +170,8 @@ def secret(
 
 @app.command()
 def publish(
-    out: Path = typer.Argument(Path("public"), help="Folder for the public repository's content (a clone of it, or a new folder)."),
+    out: Path = typer.Argument(Path("public"),
+                               help="Folder for the public repository's content (a clone of it, or a new folder)."),
     self_study: bool = typer.Option(
         False, "--self-study", help="The edition for self-learners, for its own repository (self-study-repository in "
                                     "pyproject.toml): every quiz's key and explanations are included, so each quiz's "
@@ -189,7 +195,8 @@ def publish(
     except publishing.PublishError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
-    edition = "the self-study edition of the student package (quiz keys included)" if self_study else "the student package"
+    edition = ("the self-study edition of the student package (quiz keys included)" if self_study
+               else "the student package")
     typer.echo(f"{out}/ holds {edition} and {len(publishing.released())} notebooks; push it to "
                f"{publishing.student_repository(self_study=self_study)}")
 

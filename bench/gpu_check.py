@@ -140,7 +140,8 @@ def judge(found: list[Task], cuda: bool) -> dict:
             if c["status"] == "failed":
                 problems.append(f"{slug} cell {c['index']} ({c['kind']} {c['grade_id']}): {c['error'][:300]}")
             elif c["points"] and c["score"] < c["points"]:
-                problems.append(f"{slug} {c['grade_id']}: the model answer got {c['score']}/{c['points']}: {c['error'][:300]}")
+                problems.append(f"{slug} {c['grade_id']}: the model answer got {c['score']}/{c['points']}: "
+                                f"{c['error'][:300]}")
         notebooks.append({
             "notebook": slug,
             "cells": len(cells),
@@ -210,7 +211,8 @@ def _device_row(slug: str, answer, lost: bool, errors: list[str], cpu_run: Task 
                               f"caught on the CPU ({row['cpu_only_run']}): mark it '{row['cpu_only_run']}', not 'cuda'")
         else:
             row["caught"] = row["cpu_only_run"] if lost else "nowhere"
-            row["verdict"] = "ok" if row["caught"] == answer.device else f"caught {row['caught']}, expected {answer.device}"
+            row["verdict"] = ("ok" if row["caught"] == answer.device
+                              else f"caught {row['caught']}, expected {answer.device}")
     return row
 
 
@@ -233,9 +235,11 @@ def markdown(report: dict) -> str:
         f"# gpu-check, {report['date']}",
         "",
         f"python {env['python']}, torch {env['torch']}, {env['device']}"
-        + (f" (CUDA {env['cuda']})" if env["cuda"] else "") + f", {env['cores']} cores; {report['seconds']:.0f} s in all.",
+        + (f" (CUDA {env['cuda']})" if env["cuda"] else "") + f", {env['cores']} cores; "
+                                                              f"{report['seconds']:.0f} s in all.",
         "",
-        "| notebook | cells ok | failed | skipped | model points | checks s, CPU only | checks s, CPU + CUDA | meta not checked |",
+        "| notebook | cells ok | failed | skipped | model points | checks s, CPU only | checks s, CPU + CUDA | "
+        "meta not checked |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for n in report["notebooks"]:

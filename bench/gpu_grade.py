@@ -38,7 +38,7 @@ def download(python_version: str) -> None:
     tag = python_version.replace(".", "")
     platforms = [f"--platform={p}" for p in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")]
     subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-                    f"--python-version={python_version}", f"--implementation=cp", f"--abi=cp{tag}", "--abi=abi3",
+                    f"--python-version={python_version}", "--implementation=cp", f"--abi=cp{tag}", "--abi=abi3",
                     "--abi=none", *platforms, "-c", str(REPO / "constraints.txt"), "-r", str(PACKAGES),
                     "-d", str(WHEELS)], check=True)
     (WHEELS / "python-version").write_text(python_version + "\n")
@@ -81,7 +81,8 @@ def compare(out: Path, cuda: bool) -> dict:
 def _environment(venv: Path) -> tuple[str | None, str]:
     """A virtual environment with the carried wheels and this repository, over the machine's
     own packages (torch, numpy); (its python, "") or (None, why not)."""
-    made = subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], capture_output=True, text=True)
+    made = subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], capture_output=True,
+                          text=True)
     if made.returncode != 0:  # no ensurepip: the machine's own pip installs into it
         subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
     python = str(venv / "bin" / "python")
@@ -128,12 +129,12 @@ def inside(root: Path, cuda: bool) -> None:
     import time
 
     sys.path[:0] = [str(REPO / "tests"), str(REPO / "bench")]
-    from answers import for_notebook
-    from grading import Course, exercises
     import nbformat
-    import gpu_check
 
+    import gpu_check
+    from answers import for_notebook
     from autograder import authoring
+    from grading import Course, exercises
 
     root.mkdir(parents=True)
     course = Course(root, [SLUG])
@@ -162,7 +163,8 @@ def inside(root: Path, cuda: bool) -> None:
     students = {}
     for student, answers in batch.items():
         carried = {a.exercise: {"label": a.label, "device": a.device,
-                                "kind": "wrong" if student.startswith(("device", "wrong")) else "right"} for a in answers}
+                                "kind": "wrong" if student.startswith(("device",
+                                                                       "wrong")) else "right"} for a in answers}
         students[student] = {"answers": carried, "exercises": {
             e.answer_id: [sum(runs[r]["scores"][student][g][0] for g in e.graded) for r in ("gpu", "cpu")]
             + [sum(runs["gpu"]["scores"][student][g][1] for g in e.graded)] for e in found}}

@@ -39,7 +39,8 @@ def run_all(slug: str) -> tuple[float, float, list[str]]:
         for index, cell in enumerate(nb.cells):
             client.execute_cell(cell, index)
         done = time.monotonic()
-    errors = [o.get("ename", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    errors = [o.get("ename",
+                    "") for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     return ready - started, done - ready, errors
 
 

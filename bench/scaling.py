@@ -195,8 +195,9 @@ def main() -> None:
     phase = Phase()
     load = os.getloadavg()[0]
     lines = [f"# Scaling benchmark, {datetime.now():%Y-%m-%d %H:%M}", "",
-             f"{os.cpu_count()} cores, load average before {load:.1f}; sandboxed workers (bubblewrap). Grading phase only "
-             "(from the first submission prepared to the last saved), in the grading process; start-up apart.", ""]
+             f"{os.cpu_count()} cores, load average before {load:.1f}; sandboxed workers (bubblewrap). "
+             "Grading phase only (from the first submission prepared to the last saved), in the grading "
+             "process; start-up apart.", ""]
     if "costs" not in skip:
         found = costs(phase, work, args.per_notebook)
         lines += ["## Per notebook (model answers, one worker)", "",
@@ -204,8 +205,9 @@ def main() -> None:
                   "| first notebook s | status |",
                   "|---|---|---|---|---|---|---|---|"]
         for c in found:
-            lines.append(f"| {c['slug']} | {c['n']} | {c['worker_seconds']:.2f} | {c['code_cpu']:.2f} | {c['checks_cpu']:.2f} "
-                         f"| {c['grader_cpu'] * 1000:.0f} | {c['first_seconds']:.2f} | {', '.join(c['scores'])} |")
+            lines.append(f"| {c['slug']} | {c['n']} | {c['worker_seconds']:.2f} | {c['code_cpu']:.2f} | "
+                         f"{c['checks_cpu']:.2f} | {c['grader_cpu'] * 1000:.0f} | {c['first_seconds']:.2f} | "
+                         f"{', '.join(c['scores'])} |")
         if found:
             lines += [f"| **all {len(found)}, per student** | | {sum(c['worker_seconds'] for c in found):.2f} | "
                       f"{sum(c['code_cpu'] for c in found):.2f} | {sum(c['checks_cpu'] for c in found):.2f} | "
@@ -225,8 +227,9 @@ def main() -> None:
         lines += ["## Cluster path against local path (same batch, same run, 2 notebooks at a time)", "",
                   f"{args.students} submissions of {SLUG}, {args.rounds} rounds each, alternating; local: `--jobs 2`; "
                   "cluster: a Dask scheduler and 2 Dask workers of 1 thread on 127.0.0.1.", "",
-                  "| path | s per notebook, steady state (between saves) | s per notebook (grading phase) | worker s per "
-                  "notebook | grading loop CPU ms/notebook | grading process CPU ms/notebook | whole run s |",
+                  "| path | s per notebook, steady state (between saves) | s per notebook (grading "
+                  "phase) | worker s per notebook | grading loop CPU ms/notebook | grading process CPU "
+                  "ms/notebook | whole run s |",
                   "|---|---|---|---|---|---|---|"]
         for name, runs in found.items():
             lines.append(f"| {name} | {_mean(runs, 'steady', False):.3f} | {_mean(runs, 'wall'):.3f} | "

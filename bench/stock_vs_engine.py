@@ -1,14 +1,14 @@
 """Stock `nbgrader autograde` against `autograder grade`: a class batch, both tools, one run.
 
 Builds a throwaway course with every notebook in solutions/ and, for each, at least 20
-students (--students): model solutions, known wrong and unusual right answers
-(tests/answers: --known of each kind per notebook, spread over its exercises; --all-known
-for every one, about an hour of stock nbgrader), crashes (os._exit, an exception) and
-hangs (a loop that ignores SIGINT; a loop inside a function the checks call, e.g.
-backward), mixed in one batch as a class hands them in. Two identical copies are graded, one by each tool, with the same time budget
-(--timeout: per cell for nbgrader, per notebook for the engine). The engine grades the
-batch twice, just before and just after stock, because a shared machine's speed drifts
-during stock's minutes: each engine run is compared with the same stock run. Prints a
+students (--students): model solutions, known wrong and unusual right answers (tests/answers:
+--known of each kind per notebook, spread over its exercises; --all-known for every one,
+about an hour of stock nbgrader), crashes (os._exit, an exception) and hangs (a loop that
+ignores SIGINT; a loop inside a function the checks call, e.g. backward), mixed in one batch
+as a class hands them in. Two identical copies are graded, one by each tool, with the same
+time budget (--timeout: per cell for nbgrader, per notebook for the engine). The engine
+grades the batch twice, just before and just after stock, because a shared machine's speed
+drifts during stock's minutes: each engine run is compared with the same stock run. Prints a
 markdown table and writes it to bench/results/.
 
     .venv/bin/python bench/stock_vs_engine.py [--students 20] [--known 5 | --all-known] [--timeout 10] [--jobs N]
@@ -38,11 +38,12 @@ from publish import publish  # noqa: E402  (bench/ is the script's own folder)
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
+from nbgrader.api import Gradebook  # noqa: E402
+
 from answers import for_notebook  # noqa: E402
 from autograder import authoring  # noqa: E402
 from engine_course import clone, solutions  # noqa: E402
 from grading import Course  # noqa: E402
-from nbgrader.api import Gradebook  # noqa: E402
 
 BIN = Path(sys.executable).parent
 HANGS = ("hang_sigint", "hang_in_function")
@@ -61,7 +62,8 @@ class EngineRun:
     """One `autograder grade` run, with what the engine recorded per student (last-run.csv)."""
 
     measured: Measured
-    code: dict[str, tuple[float, float, float, float]]  # student -> (s fork to exit, s in cells, CPU s in cells, CPU s in checks)
+    # student -> (s fork to exit, s in cells, CPU s in cells, CPU s in checks)
+    code: dict[str, tuple[float, float, float, float]]
     graded_at: dict[str, float]  # student -> when the engine saved it
 
 
@@ -82,7 +84,8 @@ def _loop_in_first_function(source: str) -> str | None:
     for i, line in enumerate(lines):
         match = re.match(r"^(\s*)def \w+\(.*\)\s*(->.*)?:\s*$", line)
         if match:
-            return "\n".join([*lines[: i + 1], match.group(1) + "    while True:", match.group(1) + "        pass", *lines[i + 1 :]])
+            return "\n".join([*lines[: i + 1], match.group(1) + "    while True:", match.group(1) + "        pass",
+                              *lines[i + 1 :]])
     return None
 
 
@@ -106,11 +109,14 @@ def submissions(slug: str, count: int, known: int | None) -> dict[str, tuple[str
         found[f"wrong{k:02d}"] = ("wrong", {**model, a.exercise: a.apply(model[a.exercise])})
     for k, a in enumerate(spread(answers.VARIANTS, known)):
         found[f"right{k:02d}"] = ("right", {**model, a.exercise: a.apply(model[a.exercise])})
-    found["crash_exception"] = ("crash_exception", {**model, first: "raise RuntimeError('my code breaks')\n" + model[first]})
+    found["crash_exception"] = ("crash_exception",
+                                {**model, first: "raise RuntimeError('my code breaks')\n" + model[first]})
     found["crash_exit"] = ("crash_exit", {**model, first: model[first] + "\nimport os\nos._exit(1)"})
-    found["hang_sigint"] = ("hang_sigint", {**model, first: "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass"})
+    found["hang_sigint"] = ("hang_sigint", {
+        **model, first: "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass"})
     looping = next(((ex, s) for ex, src in model.items() if "def backward(" in src
-                    for s in [src.replace("def backward(ctx, grad_output):", "def backward(ctx, grad_output):\n        while True:\n            pass", 1)]
+                    for s in [src.replace("def backward(ctx, grad_output):",
+                                          "def backward(ctx, grad_output):\n        while True:\n            pass", 1)]
                     if s != src), None)
     if looping is None:
         looping = next((ex, s) for ex, src in model.items() if (s := _loop_in_first_function(src)))
@@ -226,7 +232,8 @@ def main() -> None:
     course = Course(work / "course", slugs)
     kinds, assignment = {}, {}
     for slug in slugs:
-        for student, (kind, answers) in submissions(slug, args.students, None if args.all_known else args.known).items():
+        for student, (kind, answers) in submissions(slug, args.students,
+                                                    None if args.all_known else args.known).items():
             course.submit(student, slug, answers)
             kinds[student], assignment[student] = kind, slug
     honest = [s for s, k in kinds.items() if k not in HANGS]
@@ -266,16 +273,19 @@ def main() -> None:
         "both write the gradebook and autograded/ (the engine also grades.csv and plots; feedback is nbgrader's "
         "own step in both, not timed). Whole runs, start-up included.",
         "",
-        "| tool | wall s | notebooks/min | speed-up | CPU s | CPU s per notebook | cores busy | peak PSS MiB | peak RSS MiB |",
+        "| tool | wall s | notebooks/min | speed-up | CPU s | CPU s per notebook | cores busy | peak PSS MiB "
+        "| peak RSS MiB |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for tool, m in [("stock nbgrader", theirs), *((f"autograder grade, {when}", run.measured) for when, run in ours.items())]:
+    for tool, m in [("stock nbgrader", theirs),
+                    *((f"autograder grade, {when}", run.measured) for when, run in ours.items())]:
         lines.append(
             f"| {tool} | {m.wall:.1f} | {60 * n / m.wall:.1f} | {theirs.wall / m.wall:.1f}× | {m.cpu:.1f} | "
             f"{m.cpu / n:.3f} | {m.cpu / m.wall:.2f} | {m.peak_pss:.0f} | {m.peak_rss:.0f} |"
         )
     steady_stock = _stock_seconds_per_notebook(stock.root / "bench.log", set(honest))
-    lines += ["", "| engine run | steady state s/notebook | vs stock | cells CPU ms | checks CPU ms | engine's own CPU ms "
+    lines += ["",
+              "| engine run | steady state s/notebook | vs stock | cells CPU ms | checks CPU ms | engine's own CPU ms "
               "| by assignment: cells + checks CPU ms |", "|---|---|---|---|---|---|---|"]
     for when, run in ours.items():
         times = sorted(run.graded_at[s] for s in honest if s in run.graded_at)
@@ -288,9 +298,10 @@ def main() -> None:
         own = (run.measured.cpu - sum(run.code[s][2] + run.code[s][3] for s in run.code)) / n
         per_slug = ", ".join(
             f"{slug[:2]} {1000 * _mean([run.code[s][2] for s in measured_ones if assignment[s] == slug]):.0f}"
-            f" + {1000 * _mean([run.code[s][3] for s in measured_ones if assignment[s] == slug]):.0f}" for slug in slugs)
-        lines.append(f"| {when} | {steady:.3f} | {steady_stock / steady:.1f}× | {1000 * cells:.0f} | {1000 * checks:.0f} | "
-                     f"{1000 * own:.0f} | {per_slug} |")
+            f" + {1000 * _mean([run.code[s][3] for s in measured_ones if assignment[s] == slug]):.0f}"
+            for slug in slugs)
+        lines.append(f"| {when} | {steady:.3f} | {steady_stock / steady:.1f}× | {1000 * cells:.0f} | "
+                     f"{1000 * checks:.0f} | {1000 * own:.0f} | {per_slug} |")
     lines += [
         "",
         f"- Stock's steady state: {steady_stock:.2f} s per notebook (between consecutive notebooks of one call).",

@@ -16,7 +16,8 @@ def pytest_addoption(parser):
     parser.addoption("--stock-all", action="store_true",
                      help="compare with stock nbgrader on every known answer, not on a sample (`make compare-stock`)")
     parser.addoption("--verdicts-all", action="store_true",
-                     help="test_verdicts.py on every known answer, not the first of each kind per exercise (`make verdicts`)")
+                     help="test_verdicts.py on every known answer, not the first of each kind per exercise "
+                          "(`make verdicts`)")
     parser.addoption("--fuzz", type=int, default=24,
                      help="mutated notebooks graded by test_fuzz.py (`make fuzz`: 1000)")
     parser.addoption("--fuzz-seed", type=int, default=20261127, help="the seed test_fuzz.py generates them from")

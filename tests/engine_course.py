@@ -78,7 +78,8 @@ def grade(course: Course, *args: str, timeout: int = 600) -> subprocess.Complete
     )
 
 
-def watched(course: Course, *args: str, timeout: int = 600) -> tuple[subprocess.CompletedProcess, set[tuple[int, float]]]:
+def watched(course: Course, *args: str, timeout: int = 600) -> tuple[subprocess.CompletedProcess,
+                                                                     set[tuple[int, float]]]:
     """`grade(course, *args)`, and every process it started (pid, start time), seen while it ran."""
     command = Path(sys.executable).with_name("autograder")
     grader = subprocess.Popen([str(command), "grade", *args], cwd=course.root, stdout=subprocess.PIPE,

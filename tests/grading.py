@@ -132,7 +132,8 @@ def packed(kind: str, answers: list, wrong: bool) -> list[Submission]:
     for answer in answers:
         by_exercise.setdefault(answer.exercise, []).append(answer)
     rows = itertools.zip_longest(*by_exercise.values())
-    return [Submission(f"{kind}{k}", {a.exercise: a for a in row if a is not None}, wrong) for k, row in enumerate(rows)]
+    return [Submission(f"{kind}{k}", {a.exercise: a for a in row if a is not None},
+                       wrong) for k, row in enumerate(rows)]
 
 
 @dataclass
@@ -158,7 +159,8 @@ class ClassBatch:
         course = Course(root, [slug])
         found = exercises(nbformat.read(authoring.solution_path(slug), as_version=4))
         model = {e.answer_id: e.solution for e in found}
-        submissions = [Submission("correct"), *packed("wrong", module.MUTANTS, True), *packed("right", module.VARIANTS, False)]
+        submissions = [Submission("correct"), *packed("wrong", module.MUTANTS, True),
+                       *packed("right", module.VARIANTS, False)]
         for sub in submissions:
             course.submit(sub.student, slug, {**model, **{ex: a.apply(model[ex]) for ex, a in sub.answers.items()}})
         course.submit("released", slug, None)

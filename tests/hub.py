@@ -20,9 +20,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from browser import free_port
 
 from autograder.authoring import ROOT
+from browser import free_port
 
 PROXY = ROOT / ".venv" / "node" / "node_modules" / ".bin" / "configurable-http-proxy"
 STUDENT_CONFIG = ROOT / "jupyter" / "hub" / "student"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+
 from hypothesis import strategies as st
 
 JSON = st.recursive(
@@ -22,11 +23,11 @@ FIELDS = ["grade", "solution", "locked", "task", "grade_id", "points", "schema_v
 OUTPUTS = st.one_of(
     st.fixed_dictionaries({"output_type": st.just("stream"), "name": st.sampled_from(["stdout", "stderr"]),
                            "text": st.text(max_size=50)}),
-    st.fixed_dictionaries({"output_type": st.just("error"), "ename": st.text(max_size=10), "evalue": st.text(max_size=20),
-                           "traceback": st.lists(st.text(max_size=20), max_size=3)}),
+    st.fixed_dictionaries({"output_type": st.just("error"), "ename": st.text(max_size=10),
+                           "evalue": st.text(max_size=20), "traceback": st.lists(st.text(max_size=20), max_size=3)}),
     st.fixed_dictionaries({"output_type": st.just("display_data"), "data": st.dictionaries(
-        st.sampled_from(["text/plain", "text/html", "image/png", "application/json"]), st.text(max_size=30), max_size=2),
-        "metadata": st.dictionaries(st.text(max_size=5), JSON, max_size=2)}),
+        st.sampled_from(["text/plain", "text/html", "image/png", "application/json"]), st.text(max_size=30),
+        max_size=2), "metadata": st.dictionaries(st.text(max_size=5), JSON, max_size=2)}),
     JSON,  # not an output at all
 )
 

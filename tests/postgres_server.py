@@ -25,7 +25,8 @@ def binaries() -> Path | None:
     """The folder with initdb and pg_ctl, or None."""
     found = [shutil.which("initdb")]
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        found.append(subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True, timeout=10).stdout.strip()
+        found.append(subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True,
+                                    timeout=10).stdout.strip()
                      + "/initdb")
     found += sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(Path(p).parts[-3]), reverse=True)
     for initdb in found:

@@ -15,14 +15,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import browser
 import nbformat
 import pytest
-from engine_course import grade, solutions
-from grading import Course, points
 
+import browser
 from autograder import authoring
 from autograder.student import handin
+from engine_course import grade, solutions
+from grading import Course, points
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("browser")]
 SLUG = "03_function_basics"

@@ -17,8 +17,8 @@ import nbformat
 import pytest
 import torch
 import torch.nn.functional as F
-from answers import capstone as answers
 
+from answers import capstone as answers
 from autograder import authoring
 from autograder.checks.remote import Remote, loopback
 from autograder.exercises import capstone as cp

@@ -12,8 +12,13 @@ import torch
 from autograder.checks import inputs
 from autograder.checks.answers import check_answers
 from autograder.checks.functions import FunctionSpec, check_function
+from autograder.exercises.function_basics import (
+    CLIPPED_RELU,
+    check_clipped_relu,
+    check_linear,
+    check_polar_to_cartesian,
+)
 from autograder.student.report import CheckFailed
-from autograder.exercises.function_basics import CLIPPED_RELU, check_clipped_relu, check_linear, check_polar_to_cartesian
 
 # ClippedReLU checked to first order only, as a vehicle for what the library checks there.
 FIRST_ORDER = replace(CLIPPED_RELU, double_backward=False)
@@ -115,7 +120,7 @@ def test_forward_must_not_modify_its_input():
 
 def test_a_harmless_warning_never_reaches_stderr(capsys):
     def backward(ctx, g, x, c):
-        warnings.warn("a harmless warning from the student's code")
+        warnings.warn("a harmless warning from the student's code")  # noqa: B028  (student code warns as it likes)
         print("a debug print to stderr", file=sys.stderr)
         return g * mask(x, c), None
 
@@ -273,7 +278,8 @@ def test_the_graders_finite_differences_catch_a_backward_not_linear_in_grad_outp
 # --- Classes of bugs the generic check catches, each named in its message -----------------
 
 def _fn(forward, backward, name="Student"):
-    return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+    return type(name, (torch.autograd.Function,),
+                {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 
 
 def _failure(student, spec) -> str:
@@ -339,7 +345,8 @@ def test_gradients_returned_in_the_wrong_order_are_named_as_such():
         x, w = ctx.saved_tensors
         return g * x, g * w
 
-    assert "this is the gradient for `w`: backward returns the gradients in the order" in _failure(_fn(_saves_inputs, backward), MUL)
+    assert "this is the gradient for `w`: backward returns the gradients in the order" in _failure(_fn(_saves_inputs,
+                                                                                                       backward), MUL)
 
     def backward_broadcast(ctx, g):
         x, w = ctx.saved_tensors
@@ -404,7 +411,8 @@ def test_the_meta_device_runs_every_case_not_only_a_0d_first_one():
     def backward(ctx, g, x, c):
         return g * mask(x, c) * torch.ones(x.shape, dtype=x.dtype), None  # a CPU tensor
 
-    message = str(pytest.raises(CheckFailed, check_clipped_relu, clipped(backward), shapes=[(), (3,)], clips=[1.0, 1.0]).value)
+    message = str(pytest.raises(CheckFailed, check_clipped_relu, clipped(backward), shapes=[(), (3,)],
+                                clips=[1.0, 1.0]).value)
     assert "on another device (meta)" in message
 
 
@@ -419,7 +427,8 @@ def test_argument_names_shorter_than_the_arguments_are_no_error():
         def backward(ctx, *grads):
             return (None, *(g * ctx.scale for g in grads))
 
-    spec = FunctionSpec("Runs", lambda s, a, b: (a * s, b * s), lambda g: [(2.0, inputs.normal((3,), g), inputs.normal((2,), g))])
+    spec = FunctionSpec("Runs", lambda s, a, b: (a * s, b * s),
+                        lambda g: [(2.0, inputs.normal((3,), g), inputs.normal((2,), g))])
     check_function(Runs, spec)
 
     class Wrong(Runs):
@@ -458,7 +467,8 @@ def test_gradcheck_errors_other_than_gradcheck_errors_become_messages():
     def backward(ctx, gx, gy):
         raise TypeError("unsupported operand type(s) for *: 'NoneType' and 'Tensor'")
 
-    args = (torch.ones(2, dtype=torch.float64, requires_grad=True), torch.ones(2, dtype=torch.float64, requires_grad=True))
+    args = (torch.ones(2, dtype=torch.float64, requires_grad=True),
+            torch.ones(2, dtype=torch.float64, requires_grad=True))
     with pytest.raises(CheckFailed, match="in torch.autograd.gradcheck, backward raised TypeError"):
         _gradcheck(_fn(_polar_forward, backward), POLAR, args, ["r", "theta"])
 
@@ -596,7 +606,8 @@ def test_clipped_relu_checks_large_inputs():
             ctx.save_for_backward(x)
             ctx.clip = clip
             above = (x > clip).to(x.dtype)
-            return torch.relu(x) * (1 - above) + torch.exp(torch.log(torch.tensor(clip, dtype=x.dtype)) + 0 * x) * above + 0 * x.exp()
+            return (torch.relu(x) * (1 - above)
+                    + torch.exp(torch.log(torch.tensor(clip, dtype=x.dtype)) + 0 * x) * above + 0 * x.exp())
 
         @staticmethod
         def backward(ctx, g):
@@ -643,11 +654,13 @@ def test_polar_right(capsys):
 
 @pytest.mark.parametrize("student, expected", [
     (_polar_class(_polar_right, materialize=True), "received zeros as grad_y, not None"),
-    (_polar_class(lambda ctx, gx, gy: _polar_right(ctx, gx if gx is not None else torch.zeros_like(ctx.saved_tensors[0]),
+    (_polar_class(lambda ctx, gx, gy: _polar_right(ctx,
+                                                   gx if gx is not None else torch.zeros_like(ctx.saved_tensors[0]),
                                                    gy if gy is not None else torch.zeros_like(ctx.saved_tensors[0]))),
      "With grad_y None it should run fewer"),
     (_polar_class(lambda ctx, gx, gy: (gx * ctx.saved_tensors[1].cos() + gy * ctx.saved_tensors[1].sin(),
-                                       ctx.saved_tensors[0] * (gy * ctx.saved_tensors[1].cos() - gx * ctx.saved_tensors[1].sin()))),
+                                       ctx.saved_tensors[0] * (gy * ctx.saved_tensors[1].cos()
+                                                               - gx * ctx.saved_tensors[1].sin()))),
      "backward received None as a gradient"),
 ])
 def test_polar_names_each_mistake_with_none(student, expected):

@@ -7,10 +7,10 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from autograder import authoring
-from autograder.student import graphs
 from autograder.checks.remote import Remote, loopback
-from autograder.student.report import CheckFailed
 from autograder.exercises import double_backward as ex
+from autograder.student import graphs
+from autograder.student.report import CheckFailed
 from grading import exercises
 
 
@@ -395,7 +395,8 @@ def test_hvp_that_changes_the_callers_x_is_rejected():
 
 
 def test_hvp_of_the_wrong_shape_is_rejected():
-    _fails(ex.check_hvp, lambda f, x, v: _hvp(f, x, v).sum(), "hvp must return a tensor of the shape of x, (5,); got shape ()")
+    _fails(ex.check_hvp, lambda f, x, v: _hvp(f, x, v).sum(),
+           "hvp must return a tensor of the shape of x, (5,); got shape ()")
 
 
 def test_hvp_with_torch_func_is_told_why_it_fails_on_classic_functions():

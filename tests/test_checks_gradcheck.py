@@ -15,11 +15,11 @@ import torch
 
 from answers import gradcheck as answers
 from autograder import authoring
-from autograder.student import probe
 from autograder.checks.remote import Remote, loopback
-from autograder.student.report import CheckFailed, quiet
 from autograder.exercises import gradcheck as checks
 from autograder.student import gradcheck as student_gradcheck
+from autograder.student import probe
+from autograder.student.report import CheckFailed, quiet
 from grading import exercises
 
 NOTEBOOK = nbformat.read(authoring.solution_path("05_gradcheck"), as_version=4)
@@ -307,7 +307,8 @@ def test_a_transposed_input_reaches_the_students_code_not_contiguous():
         seen.append([x.is_contiguous() for x in inputs])
         return checks.numerical_jacobian(f, inputs, eps)
 
-    for student in (numerical_jacobian, Remote("numerical_jacobian", loopback({"numerical_jacobian": numerical_jacobian}))):
+    for student in (numerical_jacobian,
+                    Remote("numerical_jacobian", loopback({"numerical_jacobian": numerical_jacobian}))):
         seen.clear()
         with quiet():
             checks.check_numerical_jacobian(student)

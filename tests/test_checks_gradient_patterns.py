@@ -9,13 +9,14 @@ import torch
 import torch.nn.functional as F
 
 from autograder.checks.remote import Remote, loopback
-from autograder.student.report import CheckFailed
 from autograder.exercises import gradient_patterns as gp
+from autograder.student.report import CheckFailed
 
 
 def function(forward, backward, name="Student"):
     """A Function class from a forward(ctx, ...) and a backward(ctx, grad_output)."""
-    return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+    return type(name, (torch.autograd.Function,),
+                {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 
 
 def fails(check, *args, **kwargs) -> str:
@@ -60,7 +61,8 @@ def _matmul_forward(ctx, a, b):
 
 
 def test_batched_matmul_right():
-    gp.check_batched_matmul(function(_matmul_forward, lambda ctx, g: (g @ ctx.saved_tensors[1].mT, ctx.saved_tensors[0].mT @ g)))
+    gp.check_batched_matmul(function(_matmul_forward,
+                                     lambda ctx, g: (g @ ctx.saved_tensors[1].mT, ctx.saved_tensors[0].mT @ g)))
 
 
 def test_batched_matmul_transposed_gradient():
@@ -304,7 +306,9 @@ def test_max_whole_gradient_to_every_tied_entry():
 
 def test_max_whole_gradient_to_one_index():
     def first_only(is_max, dim):
-        return torch.zeros_like(is_max, dtype=torch.float64).scatter(dim, is_max.to(torch.uint8).argmax(dim, keepdim=True), 1.0)
+        return torch.zeros_like(is_max, dtype=torch.float64).scatter(dim,
+                                                                     is_max.to(torch.uint8).argmax(dim, keepdim=True),
+                                                                     1.0)
 
     message = fails(gp.check_max, _max(first_only))
     assert "as torch.max(x, dim) does" in message
@@ -409,7 +413,8 @@ def test_conv2d_right():
 
 
 def test_conv2d_bias_gradient_of_the_first_sample_only():
-    message = fails(gp.check_conv2d, _conv(lambda g: g[0].sum((1, 2))), sizes=[((2, 1, 3, 4), (2, 1, 2, 3), True, 1, 1)])
+    message = fails(gp.check_conv2d, _conv(lambda g: g[0].sum((1, 2))),
+                    sizes=[((2, 1, 3, 4), (2, 1, 2, 3), True, 1, 1)])
     assert "wrong gradient for `bias`" in message and "sum grad_output over dims 0, 2 and 3" in message
 
 
@@ -629,7 +634,8 @@ def test_gelu_verdicts_are_the_same_remotely(capsys):
         ctx.save_for_backward(_cdf(x) + x * _pdf(x))
         return x * _cdf(x)
 
-    message, _ = same_remotely(gp.check_gelu, function(forward, lambda ctx, g: g * ctx.saved_tensors[0]), "GELU", capsys)
+    message, _ = same_remotely(gp.check_gelu, function(forward, lambda ctx, g: g * ctx.saved_tensors[0]), "GELU",
+                               capsys)
     assert "double backward is wrong" in message
 
 

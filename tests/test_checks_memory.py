@@ -28,7 +28,8 @@ SLUG = "08_memory"
 
 
 def function(name, forward, backward):
-    return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+    return type(name, (torch.autograd.Function,),
+                {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 
 
 def failure(check, answer, **kwargs) -> str:
@@ -156,7 +157,8 @@ def test_leaky_relu_saving_a_float_mask():
 
 def test_leaky_relu_stashing_the_mask():
     message = failure(m.check_leaky_relu, leaky(stash=True))
-    assert message.startswith("LeakyReLU: tensor `ctx.saved` (an intermediate of shape (2, 3), 6 bytes) is stashed on ctx.")
+    assert message.startswith("LeakyReLU: tensor `ctx.saved` (an intermediate of shape (2, 3), 6 bytes) "
+                              "is stashed on ctx.")
     assert "Stashing saves no memory" in message
 
 
@@ -186,7 +188,8 @@ def linear_relu(save=("x", "weight", "mask"), by_needs=True, extra_matmul=False,
         z = x @ weight.T + bias
         y = torch.relu(z)
         x_needs, weight_needs, _ = ctx.needs_input_grad
-        table = {"x": x if weight_needs or not by_needs else None, "weight": weight if x_needs or not by_needs else None,
+        table = {"x": x if weight_needs or not by_needs else None,
+                 "weight": weight if x_needs or not by_needs else None,
                  "mask": z > 0, "bias": bias, "z": z, "output": y}
         ctx.save_for_backward(*(table[name] for name in save))
         ctx.names = save
@@ -228,14 +231,16 @@ def test_linear_relu_saving_the_bias():
 
 def test_linear_relu_ignoring_needs_input_grad():
     message = failure(m.check_linear_relu, linear_relu(by_needs=False))
-    assert message.startswith("LinearReLU saved the input `weight`, float64 of shape (5, 3), 120 bytes; x (for grad_weight)")
+    assert message.startswith("LinearReLU saved the input `weight`, float64 of shape (5, 3), 120 bytes; x "
+                              "(for grad_weight)")
     assert "x requires grad: False, weight requires grad: True, bias requires grad: True" in message
     assert "save weight only when x needs a gradient" in message
 
 
 def test_linear_relu_saving_z_or_the_output():
     message = failure(m.check_linear_relu, linear_relu(save=("x", "weight", "z")))
-    assert message.startswith("LinearReLU saved the intermediate z = x @ weight.T + bias, float64 of shape (4, 5), 160 bytes")
+    assert message.startswith("LinearReLU saved the intermediate z = x @ weight.T + bias, float64 of shape "
+                              "(4, 5), 160 bytes")
     message = failure(m.check_linear_relu, linear_relu(save=("x", "weight", "output")))
     assert message.startswith("LinearReLU saved the output, float64 of shape (4, 5), 160 bytes")
     assert "a residual sum, which saves nothing" in message
@@ -243,7 +248,8 @@ def test_linear_relu_saving_z_or_the_output():
 
 def test_linear_relu_extra_matmul_in_backward():
     message = failure(m.check_linear_relu, linear_relu(extra_matmul=True))
-    assert message.startswith("LinearReLU: backward multiplies matrices 3 times where 2 product(s) give the needed gradients")
+    assert message.startswith("LinearReLU: backward multiplies matrices 3 times where 2 product(s) give the "
+                              "needed gradients")
 
 
 def test_linear_relu_right_only_on_the_visible_shapes():
@@ -295,7 +301,8 @@ def test_checkpoint_mutants(label, expected):
 def test_checkpoint_messages_name_the_cause():
     message = failure(m.check_checkpoint, _mutant("does not restore the random generator (preserve_rng_state=False)"))
     assert "preserve_rng_state=True" in message
-    message = failure(m.check_checkpoint, _mutant("returns None for the parameters (the guide's CheckpointedSequential)"))
+    message = failure(m.check_checkpoint,
+                      _mutant("returns None for the parameters (the guide's CheckpointedSequential)"))
     assert "parameters included" in message
     message = failure(m.check_checkpoint, _mutant("recomputes from inputs that do not require grad"))
     assert "requires_grad_(needed)" in message
@@ -394,7 +401,8 @@ def test_save_as_bf16_right(capsys):
      "save_as_bf16: unpack gave back an activation, float32 of shape (6, 5) (120 bytes) with values that differ"),
     ("compresses float32 only (float64 kept as it is)", {"dtype": "float64"},
      "save_as_bf16: pack kept an activation, float64 of shape (6, 5) (240 bytes) as it is; bfloat16 takes 2 bytes"),
-    ("unpack always gives back float32", {"dtype": "float64"}, "save_as_bf16: unpack returned float32 for an activation"),
+    ("unpack always gives back float32", {"dtype": "float64"},
+     "save_as_bf16: unpack returned float32 for an activation"),
     ("offloads to the CPU and forgets the device", {},
      "save_as_bf16: pack fails on the meta device: NotImplementedError"),
     ("compresses nothing", {}, "save_as_bf16: pack kept an activation, float32 of shape (6, 5) (120 bytes) as it is"),

@@ -228,7 +228,8 @@ def test_model_solutions_pass_here_and_remotely(name, capsys):
 @pytest.mark.parametrize("name, hidden", [
     ("ClippedReLU", {"cases": [((2, 3, 4), 3.0), ((), 0.7), ((7,), 1), ((3, 2), 1.5)], "seed": None}),
     ("SquaredDistance", {"cases": [((5,), 0, [(0, 0)], [2]), ((2, 2), 0, [(1, None)], [2]), ((3, 3), -2, [(2, 1)], [3]),
-                                   ((3, 2), 1, [(None, 0), (0, 1)], [2, 3]), ((4, 3), 0, [(0, None)], [1])], "seed": None}),
+                                   ((3, 2), 1, [(None, 0), (0, 1)], [2, 3]), ((4, 3), 0, [(0, None)], [1])],
+                                   "seed": None}),
     ("Swish", {"cases": [((), ()), ((2, 3, 2, 2), (3, 1, 1)), ((5, 2), (1, 2)), ((1, 4), (4,))], "seed": None}),
     ("logsumexp", {"cases": [((6,), 0.0), ((3, 1), 0.0), ((2, 4), 1000.0), ((2, 2, 3), -1000.0)],
                    "compiled": [((5, 2), 0.0)], "seed": None}),
@@ -267,7 +268,8 @@ CLASSIC = (
     ((("    generate_vmap_rule = True\n\n    @staticmethod\n    def forward(x, clip)",
        "    @staticmethod\n    def forward(x, clip)"),), "generate_vmap_rule = True` when forward"),
     ((("return grad_output * ((x > 0) & (x < ctx.clip)), None",
-       "mask = torch.zeros(x.shape)\n        mask[(x > 0) & (x < ctx.clip)] = 1\n        return grad_output * mask, None"),),
+       "mask = torch.zeros(x.shape)\n        mask[(x > 0) & (x < ctx.clip)] = 1\n"
+       "        return grad_output * mask, None"),),
      "on another device (meta) backward mixes devices"),
     ((("return x.clamp(0, clip)",
        "return torch.from_numpy(np.clip(x.detach().cpu().numpy(), 0, clip)).to(x.device, x.dtype)"),),
@@ -281,11 +283,13 @@ def test_clipped_relu_mistakes_are_named(edits, expected):
 @pytest.mark.parametrize("edits, expected", [
     # a tensor kept on ctx instead of saved: every value is right
     ((("ctx.save_for_backward(x)\n        ctx.clip = clip", "ctx.x = x\n        ctx.clip = clip"),
-      ("(x,) = ctx.saved_tensors\n        return grad_output * ((x > 0)", "x = ctx.x\n        return grad_output * ((x > 0)")),
+      ("(x,) = ctx.saved_tensors\n        return grad_output * ((x > 0)",
+       "x = ctx.x\n        return grad_output * ((x > 0)")),
      "`ctx.x` (the input `x` of shape (5,), 40 bytes) is kept as an attribute of ctx instead of being saved"),
     # a tensor kept in a class attribute: every value is right
     ((("ctx.save_for_backward(x)\n        ctx.clip = clip", "ClippedReLU.last_x = x\n        ctx.clip = clip"),
-      ("(x,) = ctx.saved_tensors\n        return grad_output * ((x > 0)", "x = ClippedReLU.last_x\n        return grad_output * ((x > 0)")),
+      ("(x,) = ctx.saved_tensors\n        return grad_output * ((x > 0)",
+       "x = ClippedReLU.last_x\n        return grad_output * ((x > 0)")),
      "is still alive, kept by"),
     # NaN at exactly 0, a kink: right everywhere else
     ((("return grad_output * ((x > 0) & (x < ctx.clip)), None",
@@ -331,7 +335,8 @@ RULE = ("        x_bdim, y_bdim, _ = in_dims\n"
     ((("x = x.movedim(x_bdim, 0) if x_bdim is not None else x.expand(info.batch_size, *x.shape)",
        "x = x.movedim(x_bdim, 0)"),), "has no batch dim at all"),
     (((RULE, "        pass\n"),), "move it there with `x.movedim(in_dims[0], 0)`"),
-    ((("    @staticmethod\n    def vmap(info, in_dims, x, y, dim):", "    @staticmethod\n    def not_vmap(info, in_dims, x, y, dim):"),),
+    ((("    @staticmethod\n    def vmap(info, in_dims, x, y, dim):",
+       "    @staticmethod\n    def not_vmap(info, in_dims, x, y, dim):"),),
      "SquaredDistance has no vmap staticmethod"),
 ])
 def test_vmap_rule_mistakes_are_named(edits, expected):
@@ -344,7 +349,8 @@ def test_a_rule_that_loops_over_the_batch_passes():
             "            xb = x.select(x_bdim, b) if x_bdim is not None else x\n"
             "            yb = y.select(y_bdim, b) if y_bdim is not None else y\n"
             "            outs.append(SquaredDistance.apply(xb, yb, dim))\n        return torch.stack(outs), 0\n")
-    edits = ((RULE + "        dim = dim + 1 if dim >= 0 else dim\n        return SquaredDistance.apply(x, y, dim), 0\n", loop),)
+    edits = ((RULE + "        dim = dim + 1 if dim >= 0 else dim\n        return SquaredDistance.apply(x, y, dim), 0\n",
+              loop),)
     assert same_both_ways("SquaredDistance", *edits) is None
 
 
@@ -361,7 +367,8 @@ def test_batched_and_loop_agree_with_a_plain_function():
     y = ma.batched(sample, [0, 0], [4, 5], generator)
     assert x.shape == (2, 3, 5) and y.shape == (4, 5, 2, 3)
     (out,) = ma.loop(ma._squared_distance, (x, y, 1), [(None, 0, None), (2, 0, None)])
-    want = torch.func.vmap(torch.func.vmap(ma._squared_distance, in_dims=(2, 0, None)), in_dims=(None, 0, None))(x, y, 1)
+    want = torch.func.vmap(torch.func.vmap(ma._squared_distance, in_dims=(2, 0, None)), in_dims=(None, 0, None))(x, y,
+                                                                                                                 1)
     assert torch.allclose(out, want)
 
 
@@ -371,9 +378,11 @@ JVP = "return x_t * (s + beta * x * s * (1 - s)) + beta_t * x * x * s * (1 - s)"
 
 
 @pytest.mark.parametrize("edits, expected", [
-    ((("        ctx.save_for_forward(x, beta)\n", ""),), "inside jvp it holds only what setup_context passed to `ctx.save_for_forward`"),
+    ((("        ctx.save_for_forward(x, beta)\n", ""),),
+     "inside jvp it holds only what setup_context passed to `ctx.save_for_forward`"),
     ((("        ctx.save_for_backward(x, beta)\n", ""),), "backward raised ValueError: not enough values to unpack"),
-    (((JVP, "return x_t * (s + beta * x * s * (1 - s))"),), "forward AD (tangents for `beta`) gives a wrong output tangent"),
+    (((JVP, "return x_t * (s + beta * x * s * (1 - s))"),),
+     "forward AD (tangents for `beta`) gives a wrong output tangent"),
     (((JVP, "return beta_t * x * x * s * (1 - s)"),), "forward AD (tangents for `x`) gives a wrong output tangent"),
     (((JVP, "return x_t * (s + beta * x * s * (1 - s)) + (beta_t * x * x * s * (1 - s)).sum_to_size(beta.shape)"),),
      "it is not summed"),
@@ -435,7 +444,8 @@ def test_forward_mode_gradcheck_uses_the_students_own_forward():
 @pytest.mark.parametrize("edits, expected", [
     ((("return x.new_empty(x.shape[:-1])", "return torch.empty_like(x)"),),
      "the fake kernel says shape (3, 4), dtype float64 and device cpu; the op returns shape (3,)"),
-    ((("return x.new_empty(x.shape[:-1])", "return torch.empty(x.shape[:-1])"),), "dtype float32 and device cpu; the op"),
+    ((("return x.new_empty(x.shape[:-1])", "return torch.empty(x.shape[:-1])"),),
+     "dtype float32 and device cpu; the op"),
     ((("torch.from_numpy(np.asarray(out))", "torch.from_numpy(out)"),), "np.asarray(...)"),
     ((("ctx.save_for_backward(x, output)", "ctx.save_for_backward(output, x)"),), "backward raised RuntimeError"),
     ((("return grad.unsqueeze(-1) * torch.exp(x - out.unsqueeze(-1))",
@@ -461,7 +471,8 @@ def test_custom_op_mistakes_are_named(edits, expected):
     ((("return grad.unsqueeze(-1) * torch.exp(x - out.unsqueeze(-1))",
        "return grad.unsqueeze(-1) * torch.exp(x) / torch.exp(out).unsqueeze(-1)"),), "logsumexp: "),
     ((("(x,) = inputs\n    ctx.save_for_backward(x, output)", "ctx.x, ctx.out = inputs[0], output"),
-      ("x, out = ctx.saved_tensors\n    return grad.unsqueeze(-1)", "x, out = ctx.x, ctx.out\n    return grad.unsqueeze(-1)")),
+      ("x, out = ctx.saved_tensors\n    return grad.unsqueeze(-1)",
+       "x, out = ctx.x, ctx.out\n    return grad.unsqueeze(-1)")),
      "is kept as an attribute of ctx instead of being saved"),
 ])
 def test_custom_op_mistakes_only_special_points_or_ctx_show(edits, expected):
@@ -523,23 +534,30 @@ BACKWARD_105 = "return y * (grad - (grad * y).sum(-1, keepdim=True))"
 
 
 @pytest.mark.parametrize("edits, expected", [
-    ((("def _(x):\n    return torch.empty_like(x)\n\n\n@softmax", "def _(x):\n    return x.new_empty(x.shape[:-1])\n\n\n@softmax"),),
+    ((("def _(x):\n    return torch.empty_like(x)\n\n\n@softmax",
+       "def _(x):\n    return x.new_empty(x.shape[:-1])\n\n\n@softmax"),),
      "softmax keeps x's shape"),
     (((RULE_105, "return softmax(x), in_dims[0]"),), "the batch is at the last dim of what the rule receives"),
     (((RULE_105, "return softmax(x), 0"),), "the batch is at the last dim of what the rule receives"),
-    ((("@softmax.register_vmap\ndef _(info, in_dims, x):\n    " + RULE_105 + "\n", ""),), "the custom op has no vmap rule"),
+    ((("@softmax.register_vmap\ndef _(info, in_dims, x):\n    " + RULE_105 + "\n", ""),),
+     "the custom op has no vmap rule"),
     (((BACKWARD_105, "return y * grad"),), "softmax: "),
-    (((BACKWARD_105, "(x,) = ctx.saved_tensors\n    e = torch.exp(x)\n    y = e / e.sum(-1, keepdim=True)\n    " + BACKWARD_105),
-      ("(y,) = ctx.saved_tensors\n    (x,)", "(x,)"), ("ctx.save_for_backward(output)", "ctx.save_for_backward(inputs[0])")),
+    (((BACKWARD_105,
+       "(x,) = ctx.saved_tensors\n    e = torch.exp(x)\n    y = e / e.sum(-1, keepdim=True)\n    " + BACKWARD_105),
+      ("(y,) = ctx.saved_tensors\n    (x,)", "(x,)"),
+      ("ctx.save_for_backward(output)", "ctx.save_for_backward(inputs[0])")),
      "softmax: "),  # recomputed naively: NaN at ±1000
-    ((("ctx.save_for_backward(output)", "ctx.y = output"), ("(y,) = ctx.saved_tensors\n    return", "y = ctx.y\n    return")),
+    ((("ctx.save_for_backward(output)", "ctx.y = output"),
+      ("(y,) = ctx.saved_tensors\n    return", "y = ctx.y\n    return")),
      "`ctx.y` (the output"),
-    ((("        return softmax(x)\n", "        return torch.softmax(x, -1)\n"),), "no compiled graph calls modern_api.softmax"),
+    ((("        return softmax(x)\n", "        return torch.softmax(x, -1)\n"),),
+     "no compiled graph calls modern_api.softmax"),
     ((("ctx.save_for_backward(output)", "global kept_output\n    kept_output = output"),
       ("(y,) = ctx.saved_tensors\n    return", "y = kept_output\n    return")), "is still alive, kept by"),
     ((("    generate_vmap_rule = True\n\n    @staticmethod\n    def forward(x):\n        return softmax",
        "    @staticmethod\n    def forward(x):\n        return softmax"),), "vmap needs a rule for the Function"),
-    ((("softmax.register_autograd(softmax_backward,", "softmax.register_autograd(lambda ctx, grad: grad,"),), "softmax: "),
+    ((("softmax.register_autograd(softmax_backward,", "softmax.register_autograd(lambda ctx, grad: grad,"),),
+     "softmax: "),
 ])
 def test_softmax_pattern_mistakes_are_named(edits, expected):
     message = same_both_ways("Softmax", *edits)
@@ -549,14 +567,17 @@ def test_softmax_pattern_mistakes_are_named(edits, expected):
 @pytest.mark.parametrize("edits", [
     # register_vmap by name, the op called through torch.ops
     ((("@softmax.register_vmap\ndef _(info, in_dims, x):", "def rule(info, in_dims, x):"),
-      ("softmax.register_autograd(", "torch.library.register_vmap('modern_api::softmax', rule)\nsoftmax.register_autograd("),
+      ("softmax.register_autograd(",
+       "torch.library.register_vmap('modern_api::softmax', rule)\nsoftmax.register_autograd("),
       ("        return softmax(x)\n", "        return torch.ops.modern_api.softmax(x)\n"))),
     # the batch moved only when it is at the last dim
-    (((RULE_105, "b = in_dims[0] % x.dim()\n    if b == x.dim() - 1:\n        x, b = x.movedim(b, 0), 0\n    return softmax(x), b"),)),
+    (((RULE_105,
+       "b = in_dims[0] % x.dim()\n    if b == x.dim() - 1:\n        x, b = x.movedim(b, 0), 0\n"
+       "    return softmax(x), b"),)),
     # the Function's own vmap rule instead of the generated one
     ((("    generate_vmap_rule = True\n\n    @staticmethod\n    def forward(x):\n        return softmax(x)\n",
-       "    @staticmethod\n    def forward(x):\n        return softmax(x)\n\n    @staticmethod\n    def vmap(info, in_dims, x):\n"
-       "        return Softmax.apply(x.movedim(in_dims[0], 0)), 0\n"),)),
+       "    @staticmethod\n    def forward(x):\n        return softmax(x)\n\n    @staticmethod\n"
+       "    def vmap(info, in_dims, x):\n        return Softmax.apply(x.movedim(in_dims[0], 0)), 0\n"),)),
 ])
 def test_unusual_softmax_patterns_pass(edits):
     assert same_both_ways("Softmax", *edits) is None

@@ -169,7 +169,8 @@ def test_swish_sum_for_a_one_entry_beta_fails_on_a_beta_of_shape_1():
 
 def test_swish_dividing_by_beta_fails_at_beta_0():
     divides = notebook(("grad_beta = (grad_output * x * x * s * (1 - s)).sum_to_size(beta.shape)",
-                        "grad_beta = (grad_output * (s + beta * x * s * (1 - s) - s) * x / beta).sum_to_size(beta.shape)"))
+                        "grad_beta = (grad_output * (s + beta * x * s * (1 - s) - s) * x / "
+                        "beta).sum_to_size(beta.shape)"))
     message = fails(rw.check_swish, divides["Swish"])
     assert "wrong gradient for `beta`" in message and "got nan" in message
     assert "beta is exactly 0 at some entries: a formula that divides by beta gives nan there" in message
@@ -201,7 +202,8 @@ def test_swish_unreduced_gradient_is_found_although_the_engine_sums_it(capsys):
 def test_swish_overflow_at_large_beta_x():
     overflowing = notebook(
         ("s = torch.sigmoid(beta * x)\n", "e = torch.exp(-beta * x)\n        s = 1 / (1 + e)\n"),
-        ("grad_x = grad_output * (s + beta * x * s * (1 - s))", "grad_x = grad_output * (s + beta * x * e / (1 + e) ** 2)"),
+        ("grad_x = grad_output * (s + beta * x * s * (1 - s))",
+         "grad_x = grad_output * (s + beta * x * e / (1 + e) ** 2)"),
     )
     message = fails(rw.check_swish, overflowing["Swish"])
     assert "wrong gradient for `x`" in message and "overflows to inf" in message
@@ -209,17 +211,20 @@ def test_swish_overflow_at_large_beta_x():
 
 @pytest.mark.parametrize("check, name, edit", [
     (rw.check_swish, "Swish", ("ctx.save_for_backward(x, beta)\n        return x * torch.sigmoid(beta * x)",
-                               "ctx.save_for_backward(x, beta)\n        return x * torch.sigmoid(beta * x.view(-1).view(x.shape))")),
-    (rw.check_logsumexp, "LogSumExp", ("m = x.amax(dim, keepdim=True)", "m = x.view(-1).view(x.shape).amax(dim, keepdim=True)")),
-    (rw.check_fixed_point, "TanhFixedPoint", ("z = torch.zeros_like(x)\n", "z = torch.zeros_like(x.view(-1)).view(x.shape)\n")),
+                               "ctx.save_for_backward(x, beta)\n"
+                               "        return x * torch.sigmoid(beta * x.view(-1).view(x.shape))")),
+    (rw.check_logsumexp, "LogSumExp",
+     ("m = x.amax(dim, keepdim=True)", "m = x.view(-1).view(x.shape).amax(dim, keepdim=True)")),
+    (rw.check_fixed_point, "TanhFixedPoint",
+     ("z = torch.zeros_like(x)\n", "z = torch.zeros_like(x.view(-1)).view(x.shape)\n")),
 ])
 def test_inputs_not_contiguous_in_memory(check, name, edit):
     """A .view that merges dims of x works on the checks' own (contiguous) inputs only: the
     run on inputs laid out as a transpose's finds it, locally and remotely alike."""
     wrong = notebook(edit)
     message = fails(check, wrong[name])
-    assert message.startswith(f"{name}: forward called `.view` on a tensor that is not contiguous, given inputs that are "
-                              "not contiguous in memory.") and "use `.reshape(...)`" in message
+    assert message.startswith(f"{name}: forward called `.view` on a tensor that is not contiguous, given "
+                              "inputs that are not contiguous in memory.") and "use `.reshape(...)`" in message
     assert fails(check, remotely(wrong, name)) == message
 
 
@@ -232,7 +237,9 @@ def test_swish_tensor_made_on_the_cpu_shows_on_the_meta_device():
 
 
 def test_swish_float32():
-    message = fails(rw.check_swish, notebook(("return x * torch.sigmoid(beta * x)", "return (x * torch.sigmoid(beta * x)).float()"))["Swish"])
+    message = fails(rw.check_swish,
+                    notebook(("return x * torch.sigmoid(beta * x)",
+                              "return (x * torch.sigmoid(beta * x)).float()"))["Swish"])
     assert "forward has dtype torch.float32, expected torch.float64" in message
 
 
@@ -281,7 +288,8 @@ def test_logsumexp_naive_backward():
 def test_logsumexp_saving_the_softmax():
     softmax = notebook(
         ("ctx.save_for_backward(x, out)", "ctx.save_for_backward(torch.softmax(x, dim))"),
-        ("x, out = ctx.saved_tensors\n        return grad_output.unsqueeze(ctx.dim) * torch.exp(x - out.unsqueeze(ctx.dim)), None",
+        ("x, out = ctx.saved_tensors\n"
+         "        return grad_output.unsqueeze(ctx.dim) * torch.exp(x - out.unsqueeze(ctx.dim)), None",
          "(p,) = ctx.saved_tensors\n        return grad_output.unsqueeze(ctx.dim) * p, None"),
     )
     message = fails(rw.check_logsumexp, softmax["LogSumExp"])
@@ -353,7 +361,8 @@ def test_fixed_point_right(capsys):
     (("        w = s * grad_output\n        for _ in range(500):",
       "        w = s * grad_output\n        with torch.no_grad():\n          for _ in range(500):"),),
     (("            w = w_next\n", "            w = w_next.detach()\n"),),
-    (("    def backward(ctx, grad_output):\n        z, W", "    @torch.autograd.function.once_differentiable\n    def backward(ctx, grad_output):\n        z, W"),),
+    (("    def backward(ctx, grad_output):\n        z, W",
+      "    @torch.autograd.function.once_differentiable\n    def backward(ctx, grad_output):\n        z, W"),),
 ], ids=["no_grad", "detach", "once_differentiable"])
 def test_fixed_point_adjoint_autograd_cannot_follow_fails_double_backward(edits):
     """Right first-order gradients from an adjoint computed outside autograd's view: only
@@ -371,19 +380,22 @@ def test_fixed_point_inputs_contract():
 
 
 def test_fixed_point_one_step_backward():
-    one_step = notebook(("        for _ in range(500):\n            w_next", "        for _ in range(0):\n            w_next"))
+    one_step = notebook(("        for _ in range(500):\n            w_next",
+                         "        for _ in range(0):\n            w_next"))
     message = fails(rw.check_fixed_point, one_step["TanhFixedPoint"])
     assert "wrong gradient for `x`" in message and "adjoint system" in message
 
 
 def test_fixed_point_transposed_w_gradient():
-    wrong = notebook(("return w, w.reshape(-1, n).T @ z.reshape(-1, n)", "return w, z.reshape(-1, n).T @ w.reshape(-1, n)"))
+    wrong = notebook(("return w, w.reshape(-1, n).T @ z.reshape(-1, n)",
+                      "return w, z.reshape(-1, n).T @ w.reshape(-1, n)"))
     message = fails(rw.check_fixed_point, wrong["TanhFixedPoint"])
     assert "wrong gradient for `W`" in message and "transpose" in message
 
 
 def test_fixed_point_unconverged_forward():
-    early = notebook(("if change <= 1e-12:\n                break\n        ctx", "if change <= 1e-6:\n                break\n        ctx"))
+    early = notebook(("if change <= 1e-12:\n                break\n        ctx",
+                      "if change <= 1e-6:\n                break\n        ctx"))
     message = fails(rw.check_fixed_point, early["TanhFixedPoint"])
     assert message.startswith("TanhFixedPoint: forward stops before the fixed point")
 
@@ -404,7 +416,8 @@ def test_fixed_point_verdicts_are_the_same_remotely(capsys):
     rw.check_fixed_point(remotely(RIGHT, "TanhFixedPoint"))
     assert "✔ TanhFixedPoint saves exactly z and W" in capsys.readouterr().out
     wrong = notebook(("w_next = s * (grad_output + w @ W)", "w_next = s * (grad_output + w @ W.T)"))
-    assert fails(rw.check_fixed_point, remotely(wrong, "TanhFixedPoint")) == fails(rw.check_fixed_point, wrong["TanhFixedPoint"])
+    assert fails(rw.check_fixed_point, remotely(wrong, "TanhFixedPoint")) == fails(rw.check_fixed_point,
+                                                                                   wrong["TanhFixedPoint"])
 
 
 # --- 9.5 SwishClassifier -----------------------------------------------------------------------
@@ -443,7 +456,8 @@ def test_classifier_is_graded_independently_of_a_broken_swish(capsys):
      "model(x) never calls Swish.apply"),
     ((("LogSumExp.apply(logits, 1)", "torch.logsumexp(logits, 1)"),), "model.loss never calls LogSumExp.apply"),
     ((("return (LogSumExp.apply(logits, 1) - logits.gather(1, y[:, None]).squeeze(1)).mean()",
-       "return (logits.gather(1, y[:, None]).squeeze(1) - LogSumExp.apply(logits, 1)).mean()"),), "the sign is flipped"),
+       "return (logits.gather(1, y[:, None]).squeeze(1) - LogSumExp.apply(logits, 1)).mean()"),),
+       "the sign is flipped"),
     ((("logits.gather(1, y[:, None])", "logits.detach().gather(1, y[:, None])"),), "must be at most 0.15"),
     ((("return self.out(Swish.apply(self.hidden(x), self.beta))",
        "h = self.hidden(x)\n        Swish.apply(h, self.beta)\n        return self.out(h)"),),
@@ -487,7 +501,8 @@ def test_the_judging_side_refuses_malformed_questions(question):
 
 
 def test_the_judging_sides_answers_are_swish_and_its_gradients():
-    x, beta, g = torch.randn(4, 3, dtype=torch.float64), torch.rand(3, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)
+    x, beta, g = torch.randn(4, 3, dtype=torch.float64), torch.rand(3, dtype=torch.float64), torch.randn(4, 3,
+                                                                                                         dtype=torch.float64)
     assert torch.allclose(rw.answer_swish({"op": "swish", "x": x, "beta": beta}), x * torch.sigmoid(beta * x))
     grad_x, grad_beta = rw.answer_swish({"op": "swish backward", "x": x, "beta": beta, "grad": g})
     assert grad_x.shape == x.shape and grad_beta.shape == beta.shape

@@ -10,12 +10,11 @@ import pytest
 import torch
 
 from answers import for_notebook
-
 from autograder import authoring
 from autograder.checks.answers import explanation, quiz_keys
 from autograder.checks.remote import Remote, loopback
-from autograder.student.report import CheckFailed
 from autograder.exercises.save_for_backward import check_saved_by, check_sigmoid, check_sort, check_tanh_
+from autograder.student.report import CheckFailed
 
 
 def function(name, forward, backward):
@@ -125,7 +124,8 @@ def test_saved_by_without_hooks():
 
 def test_saved_by_of_the_wrong_form():
     message = failure(check_saved_by, lambda fn, *args: {"input": 1})
-    assert message == "saved_by must return a list of (kind, shape, nbytes) tuples; on `Square.apply(x)  # saves its input` it returned dict."
+    assert message == ("saved_by must return a list of (kind, shape, nbytes) tuples; on `Square.apply(x)  # saves its "
+                       "input` it returned dict.")
     message = failure(check_saved_by, lambda fn, *args: [("the input", (4,), 32)])
     assert "kind must be 'input', 'output' or 'intermediate', got 'the input'" in message
 
@@ -208,7 +208,8 @@ def test_sigmoid_stashing_its_output():
 def test_sigmoid_saving_a_detached_output_fails_double_backward():
     message = failure(check_sigmoid, sigmoid(save="detached"))
     assert message.startswith(
-        "Sigmoid: double backward is wrong: the gradient of your gradient with respect to `x` differs from the reference."
+        "Sigmoid: double backward is wrong: the gradient of your gradient with respect to `x` differs "
+        "from the reference."
     )
     assert ".detach()" in message
 
@@ -241,7 +242,8 @@ def tanh_(mark=True, in_place=True, save_copy=False, backward_in_place=False, by
 def test_tanh_right(capsys):
     check_tanh_(tanh_())
     check_tanh_(tanh_(), shapes=[(), (2, 3, 4)], seed=None)
-    assert "✔ Tanh_ modifies its input in place, returns it, and declares it with ctx.mark_dirty." in capsys.readouterr().out
+    assert ("✔ Tanh_ modifies its input in place, returns it, and declares it with ctx.mark_dirty."
+            in capsys.readouterr().out)
 
 
 def test_tanh_overflowing_at_large_x():
@@ -308,7 +310,8 @@ def sort(backward_op="scatter", mark="indices", indices_dtype=None, along=None, 
 def test_sort_right(capsys):
     check_sort(sort())
     check_sort(sort(), shapes=[(2, 3, 4), (5,), (4, 3), (4, 1)], dims=[1, -1, 0, 1], seed=None)
-    assert "✔ Sort saves exactly the indices (96 bytes for x of shape (3, 4)), nothing on ctx." in capsys.readouterr().out
+    assert ("✔ Sort saves exactly the indices (96 bytes for x of shape (3, 4)), nothing on ctx."
+            in capsys.readouterr().out)
 
 
 def test_sort_gathering():

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from autograder.checks.remote import Remote, loopback
-from autograder.student.report import CheckFailed
 from autograder.checks.saved import Backward, SaveRule, check_saved, observe
+from autograder.student.report import CheckFailed
 from autograder.student.saved import Names, classify, record, show_saved, summary
 
 
@@ -127,7 +127,8 @@ def test_summary_names_known_intermediates_and_stashes(capsys):
         "  stashed on ctx, invisible to autograd: ctx.y = the output of shape (3,), 24 bytes",
     ]
     show_saved(Exp, x)
-    assert capsys.readouterr().out.splitlines() == ["Fn: saved 1 tensor, 24 bytes", "  the output of shape (3,), 24 bytes, float64"]
+    assert capsys.readouterr().out.splitlines() == ["Fn: saved 1 tensor, 24 bytes",
+                                                    "  the output of shape (3,), 24 bytes, float64"]
 
 
 # --- check_saved ---------------------------------------------------------------------------
@@ -180,7 +181,8 @@ def test_an_unexpected_intermediate_is_named_with_its_size_and_why():
         return e * 1
 
     message = failure(function(forward, exp_backward))
-    assert message.splitlines()[0] == "Exp saved the intermediate exp(x) of shape (3,), 24 bytes: save the output instead."
+    assert message.splitlines()[0] == ("Exp saved the intermediate exp(x) of shape (3,), 24 bytes: save the output "
+                                       "instead.")
     assert "double backward" in message and "memory" in message
 
 
@@ -379,7 +381,7 @@ def _closure():
 
 
 def _default_argument():
-    def keep(x, y, memo=[]):
+    def keep(x, y, memo=[]):  # noqa: B006  (the pattern under test)
         memo[:] = [x * 2]
 
     return saving_sigmoid(keep)
@@ -388,8 +390,10 @@ def _default_argument():
 @pytest.mark.parametrize("make, when, what, where", [
     (_class_attribute, "after forward", "a tensor forward created", "the class attribute `Sigmoid.last`"),
     (_module_global, "after backward", "the output", "the global variable `ACTIVATIONS`"),
-    (_closure, "after backward", "the input `x`", "the variable `seen` of `_closure`, which the functions it defines keep"),
-    (_default_argument, "after forward", "a tensor forward created", "a default argument of `_default_argument.<locals>.keep`"),
+    (_closure, "after backward", "the input `x`",
+     "the variable `seen` of `_closure`, which the functions it defines keep"),
+    (_default_argument, "after forward", "a tensor forward created",
+     "a default argument of `_default_argument.<locals>.keep`"),
 ], ids=["class attribute", "global", "closure", "default argument"])
 def test_memory_kept_outside_ctx_is_found_and_named(make, when, what, where):
     fn = make()

@@ -13,9 +13,8 @@ import sys
 import nbformat
 import pytest
 import torch
-from answers import higher_order_and_fusion, tape_autograd
-from grading import exercises, namespace
 
+from answers import higher_order_and_fusion, tape_autograd
 from autograder import authoring
 from autograder.checks.remote import Remote, loopback
 from autograder.exercises import higher_order_and_fusion as checks02
@@ -23,6 +22,7 @@ from autograder.exercises import tape_autograd as checks
 from autograder.student import probe
 from autograder.student import tape as student_tape
 from autograder.student.report import CheckFailed
+from grading import exercises, namespace
 
 BASIC, MORE = ("mul", "add", "sum", "expand"), ("exp", "sin", "cos", "matmul")
 CALLS = {
@@ -35,9 +35,11 @@ CALLS = {
 }
 # The hidden checks, which judge more (random programs, fresh values).
 HIDDEN = {
-    "basic_ops": lambda get: checks.check_ops_on_programs(*(get(f"operator_{o}") for o in BASIC), programs=4, seed=None),
+    "basic_ops": lambda get: checks.check_ops_on_programs(*(get(f"operator_{o}") for o in BASIC), programs=4,
+                                                          seed=None),
     "grad": lambda get: checks.check_grad(get("grad"), programs=4, seed=None),
-    "more_ops": lambda get: checks.check_ops_on_programs(*(get(f"operator_{o}") for o in MORE[:3]), programs=4, seed=None),
+    "more_ops": lambda get: checks.check_ops_on_programs(*(get(f"operator_{o}") for o in MORE[:3]), programs=4,
+                                                         seed=None),
     "topological_order": lambda get: checks.check_topological_order(get("topological_order"), programs=3, seed=None),
     "hvp": lambda get: checks02.check_hvp(get("hvp"), seed=None),
     "exp_mul": lambda get: checks02.check_exp_mul(get("operator_exp_mul"), programs=4, seed=None),
@@ -255,7 +257,8 @@ BAD_QUESTIONS = {
     "a meta tensor": _question(inputs=[torch.ones(3, dtype=torch.float64, device="meta")] * 2),
     "a huge tensor": _question(inputs=[torch.ones(10**5, dtype=torch.float64)] * 2, grads=[torch.ones(10**5)]),
     "a gradient of the wrong shape": _question(grads=[torch.ones(4, dtype=torch.float64)]),
-    "inputs that do not fit": _question(inputs=[torch.ones(3, dtype=torch.float64), torch.ones(4, dtype=torch.float64)]),
+    "inputs that do not fit": _question(inputs=[torch.ones(3, dtype=torch.float64),
+                                                torch.ones(4, dtype=torch.float64)]),
 }
 
 

@@ -154,8 +154,9 @@ def test_the_class_graded_on_the_cluster_equals_the_local_run(cluster, courses, 
         assert [c.get("outputs") and [o.get("output_type") for o in c["outputs"]] for c in ours["cells"]] == \
                [c.get("outputs") and [o.get("output_type") for o in c["outputs"]] for c in theirs["cells"]]
     steady_local, steady_cluster = _steady(_last_run(local)), _steady(_last_run(remote))
-    print(f"\n{len(STUDENTS)} notebooks, 2 at a time: local run {local_seconds:.1f} s, cluster run {cluster_seconds:.1f} s "
-          f"({(cluster_seconds - local_seconds) / len(STUDENTS):+.3f} s per notebook); steady state "
+    print("\n"
+          f"{len(STUDENTS)} notebooks, 2 at a time: local run {local_seconds:.1f} s, cluster run {cluster_seconds:.1f} "
+          f"s ({(cluster_seconds - local_seconds) / len(STUDENTS):+.3f} s per notebook); steady state "
           f"{steady_local:.3f} s vs {steady_cluster:.3f} s per notebook ({steady_cluster - steady_local:+.3f} s)")
     assert steady_cluster < steady_local + 1.0  # a shared, busy machine: only a gross overhead fails this
 

@@ -66,12 +66,14 @@ def test_a_device_bug_fails_on_the_meta_device(bug, remote):
 @pytest.mark.parametrize("remote", [False, True], ids=["kernel", "grader"])
 @pytest.mark.parametrize("answer", list(RIGHT))
 def test_device_generic_code_passes(answer, remote):
-    assert "meta device: forward and backward create no tensor tied to the CPU" in _checked(clipped(*RIGHT[answer]), remote)
+    assert "meta device: forward and backward create no tensor tied to the CPU" in _checked(clipped(*RIGHT[answer]),
+                                                                                            remote)
 
 
 FLOAT32 = {
     "a float64 mask": (lambda y, x: y * torch.ones(x.shape, dtype=torch.float64), "returned torch.float64"),
-    "through NumPy, not converted back": (lambda y, x: torch.from_numpy(y.detach().double().numpy()), "returned torch.float64"),
+    "through NumPy, not converted back": (lambda y, x: torch.from_numpy(y.detach().double().numpy()),
+                                          "returned torch.float64"),
 }
 
 

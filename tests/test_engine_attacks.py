@@ -127,17 +127,20 @@ def attacked(tmp_path_factory):
     udp.bind(("127.0.0.1", 0))
     udp.settimeout(0.1)
     marker = tmp_path_factory.mktemp("outside") / "PWNED"
-    fill = {"root": course.root, "slug": SLUG, "marker": marker, "tcp": tcp.getsockname()[1], "udp": udp.getsockname()[1]}
+    fill = {"root": course.root, "slug": SLUG, "marker": marker, "tcp": tcp.getsockname()[1],
+            "udp": udp.getsockname()[1]}
     attackers = []
     for name, code in ATTACKS.items():
         attack = model[FIRST] + "\n\n" + textwrap.dedent(code).format(**fill)
         submit_notebook(course, f"a_{name}", SLUG, with_answers(course, SLUG, {**model, FIRST: attack}))
         attackers.append(f"a_{name}")
-    looping = model[FIRST].replace("def backward(ctx, grad_output):", "def backward(ctx, grad_output):\n        while True:\n            pass", 1)
+    looping = model[FIRST].replace("def backward(ctx, grad_output):",
+                                   "def backward(ctx, grad_output):\n        while True:\n            pass", 1)
     assert looping != model[FIRST]
     submit_notebook(course, f"a_{BACKWARD_LOOP}", SLUG, with_answers(course, SLUG, {**model, FIRST: looping}))
     attackers.append(f"a_{BACKWARD_LOOP}")
-    victim = model[FIRST] + "\n\nimport os\nprint('scratch:', sorted(os.listdir('.')))\nprint('home:', sorted(os.listdir(os.path.expanduser('~'))))"
+    victim = model[FIRST] + ("\n\nimport os\nprint('scratch:', sorted(os.listdir('.')))\n"
+                             "print('home:', sorted(os.listdir(os.path.expanduser('~'))))")
     submit_notebook(course, "z_victim", SLUG, with_answers(course, SLUG, {**model, FIRST: victim}))
 
     started = time.monotonic()
@@ -241,7 +244,8 @@ def test_nothing_is_written_outside_scratch(attacked):
     course, _, _, _, _, marker, _ = attacked
     text = _outputs(course, "a_write_outside")
     assert "WROTE" not in text and text.count("denied") == 7
-    assert not marker.exists() and not (course.root / "PWNED").exists() and not (course.root / "solutions" / "PWNED").exists()
+    assert (not marker.exists() and not (course.root / "PWNED").exists()
+            and not (course.root / "solutions" / "PWNED").exists())
 
 
 def test_the_grader_cannot_be_killed_from_inside(attacked):

@@ -8,12 +8,12 @@ import nbformat
 import pytest
 from nbgrader.utils import determine_grade
 
-from autograder.isolation import sandbox
-from autograder.grader.scan import imported
-from autograder.grader.prepare import compiles
-from autograder.isolation.limits import Limits
 from autograder.grader.pool import Pool
+from autograder.grader.prepare import compiles
 from autograder.grader.records import Program
+from autograder.grader.scan import imported
+from autograder.isolation import sandbox
+from autograder.isolation.limits import Limits
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,8 @@ CELLS = {
     "state": "x = 41",
     "uses_state": "x + 1",
     "file": "open('data.txt').read()",
-    "graph": "import graphviz\nsvg = graphviz.Digraph(node_attr={'fontname': 'Helvetica'})\nsvg.edge('a', 'b')\nlen(svg.pipe(format='svg')) > 100",
+    "graph": "import graphviz\nsvg = graphviz.Digraph(node_attr={'fontname': 'Helvetica'})\nsvg.edge('a', 'b')\n"
+             "len(svg.pipe(format='svg')) > 100",
 }
 
 
@@ -53,7 +54,8 @@ def ran():
 
 def _grade(outputs) -> float:
     cell = nbformat.v4.new_code_cell("", outputs=[nbformat.from_dict(o) for o in outputs])
-    cell.metadata.nbgrader = {"grade": True, "solution": False, "locked": True, "points": 2, "grade_id": "t", "schema_version": 3}
+    cell.metadata.nbgrader = {"grade": True, "solution": False, "locked": True, "points": 2, "grade_id": "t",
+                              "schema_version": 3}
     return determine_grade(cell)[0]
 
 
@@ -126,7 +128,8 @@ def test_workers_preload_what_the_notebooks_import_and_stay_single_threaded():
         for name in imported(cell.source)
     ))
     assert "matplotlib.pyplot" in modules and "torchviz" in modules
-    probe = Program([(0, "probe", "import os, sys\n('matplotlib.pyplot' in sys.modules, 'functorch.compile' in sys.modules, "
+    probe = Program([(0, "probe",
+                      "import os, sys\n('matplotlib.pyplot' in sys.modules, 'functorch.compile' in sys.modules, "
                                   "len(os.listdir(f'/proc/{os.getppid()}/task')))")])
     with Pool(1, sandbox.probe(True, root), root, Limits(timeout=60)) as pool:
         before = pool.workers[0].run(probe, Limits(timeout=60))
@@ -147,7 +150,8 @@ def test_the_workers_compile_once_for_the_notebooks_that_compile():
 
 
 def test_imported_names_the_modules_a_cell_imports():
-    source = "%matplotlib inline\nimport os.path, torch as t\nfrom a.b import c\nfrom . import d\ndef f():\n    import json"
+    source = ("%matplotlib inline\nimport os.path, torch as t\nfrom a.b import c\nfrom . import d\ndef f():\n"
+              "    import json")
     assert imported(source) == ["os.path", "torch", "a.b", "json"]
     assert imported("this is not python") == []
 
@@ -166,5 +170,6 @@ def test_the_scan_leaves_the_student_sides_public_helpers_alone():
 def test_graphs_render_without_fontconfig_noise(ran):
     """dot, run by the notebook's own user in the sandbox, finds its fonts: nothing on stderr."""
     outputs, _, _ = ran
-    assert outputs["graph"] == [{"output_type": "execute_result", "execution_count": outputs["graph"][0]["execution_count"],
+    assert outputs["graph"] == [{"output_type": "execute_result",
+                                 "execution_count": outputs["graph"][0]["execution_count"],
                                  "data": {"text/plain": "True"}, "metadata": {}}], outputs["graph"]

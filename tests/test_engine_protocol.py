@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from autograder.student import wire
 from autograder.runner.protocol import MAX_HEADER, TEXT, Channel, ChannelClosed, ProtocolError, Undecodable
+from autograder.student import wire
 
 
 @pytest.fixture
@@ -134,7 +134,8 @@ def test_a_header_is_refused_before_it_is_parsed():
     a.close(), b.close()
 
 
-@pytest.mark.parametrize("marker", ["\\u00009", "\\u0000\u00b2", "\\u0000" + "9" * 5000], ids=["missing", "unicode digit", "huge index"])
+@pytest.mark.parametrize("marker", ["\\u00009", "\\u0000\u00b2", "\\u0000" + "9" * 5000],
+                         ids=["missing", "unicode digit", "huge index"])
 def test_a_text_marker_must_name_a_text_buffer(pair, marker):
     sender, receiver = pair
     sender.sock.sendall(_frame(('{"buffers":[],"texts":[1],"x":"' + marker + '"}').encode()) + b"a")

@@ -28,7 +28,8 @@ SLUG = "03_function_basics"
 
 
 def _cells(nb, grade_id):
-    return [c for c in nb.cells if isinstance(c.metadata.get("nbgrader"), dict) and c.metadata.nbgrader.get("grade_id") == grade_id]
+    return [c for c in nb.cells if isinstance(c.metadata.get("nbgrader"),
+                                              dict) and c.metadata.nbgrader.get("grade_id") == grade_id]
 
 
 def _tampered(course: Course, model: dict) -> dict[str, nbformat.NotebookNode]:
@@ -148,7 +149,8 @@ def test_cells_out_of_order_or_with_broken_metadata_are_repaired_and_graded(malf
         full = {g.name: g.auto_score for g in ours.find_submission_notebook(SLUG, SLUG, "t_deleted").grades}
         for student in ("t_moved", "t_metadata"):
             got = {g.name: g.auto_score for g in ours.find_submission_notebook(SLUG, SLUG, student).grades}
-            assert got["check_linear_hidden"] == 2 and got["check_clipped_relu_hidden"] == full["check_clipped_relu_hidden"]
+            assert (got["check_linear_hidden"] == 2
+                    and got["check_clipped_relu_hidden"] == full["check_clipped_relu_hidden"])
 
 
 def test_what_nbgrader_cannot_repair_is_failed_with_the_reason(malformed):
@@ -191,7 +193,8 @@ def test_kill_and_resume(tmp_path):
     for k, student in enumerate(students):
         course.submit(student, SLUG, model if k % 2 == 0 else {**model, "linear": "raise NotImplementedError"})
     command = [str(Path(sys.executable).with_name("autograder")), "grade", SLUG, "--jobs", "1"]
-    grader = subprocess.Popen(command, cwd=course.root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    grader = subprocess.Popen(command, cwd=course.root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
     autograded = course.root / "autograded"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and len(list(autograded.glob(f"*/{SLUG}"))) < 3:

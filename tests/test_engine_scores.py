@@ -53,4 +53,5 @@ def test_scores_are_stock_nbgraders(graded):
     expected, got = _scores(stock, batch.slug, students), _scores(batch.course, batch.slug, students)
     flagged = {sub.student for sub in batch.submissions.values() if any(a.flag for a in sub.answers.values())}
     assert expected and {k: v[:2] for k, v in got.items()} == {k: v[:2] for k, v in expected.items()}
-    assert {k: v[2] for k, v in got.items() if k[0] not in flagged} == {k: v[2] for k, v in expected.items() if k[0] not in flagged}
+    assert ({k: v[2] for k, v in got.items() if k[0] not in flagged}
+            == {k: v[2] for k, v in expected.items() if k[0] not in flagged})

@@ -53,7 +53,8 @@ def graded(tmp_path_factory):
     (folder("directory") / f"{SLUG}.ipynb").mkdir()
     with open(folder("huge") / f"{SLUG}.ipynb", "wb") as f:
         f.truncate(60 << 20)
-    leaker = submit_notebook(course, "leaker", SLUG, with_answers(course, SLUG, {**model, "clipped_relu": model["clipped_relu"] + LOOK}))
+    leaker = submit_notebook(course, "leaker", SLUG,
+                             with_answers(course, SLUG, {**model, "clipped_relu": model["clipped_relu"] + LOOK}))
     (leaker.parent / "gradebook.db").symlink_to(course.root / "gradebook.db")
     (leaker.parent / "key.txt").symlink_to(solution)
     (leaker.parent / "data").mkdir()
@@ -102,13 +103,16 @@ def _problems(course: Course) -> dict[str, str]:
 def test_links_beside_a_notebook_are_never_followed(graded):
     course, _ = graded
     nb = notebook(course, "autograded", "leaker", SLUG)
-    printed = "".join(o.get("text", "") for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "clipped_relu"
+    printed = "".join(o.get("text",
+                            "") for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "clipped_relu"
                       for o in c.outputs)
-    assert "READ gradebook.db" not in printed and "READ key.txt" not in printed and "READ data/answers.txt" not in printed
+    assert ("READ gradebook.db" not in printed and "READ key.txt" not in printed
+            and "READ data/answers.txt" not in printed)
     assert "NOT THERE key.txt" in printed and "notes.txt" in printed  # the student's own file did arrive
     kept = sorted(str(p.relative_to(course.root / "autograded" / "leaker" / SLUG))
                   for p in (course.root / "autograded" / "leaker" / SLUG).rglob("*") if p.is_file())
     assert kept == [f"{SLUG}.ipynb", "notes.txt"], kept
     assert sum(_scores(course, "leaker").values()) == points(SLUG)  # graded: only the links were refused
     note = nb.cells[0].source
-    assert flagged(course, SLUG, "leaker")[0] and "'key.txt' is a symbolic link" in note and "'data/answers.txt'" in note
+    assert flagged(course, SLUG,
+                   "leaker")[0] and "'key.txt' is a symbolic link" in note and "'data/answers.txt'" in note

@@ -17,9 +17,9 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import gpu_check  # noqa: E402
 import notebook_run  # noqa: E402
-
 from answers import devices, for_notebook  # noqa: E402
-from autograder.student import devices as student_devices, setup  # noqa: E402
+from autograder.student import devices as student_devices  # noqa: E402
+from autograder.student import setup  # noqa: E402
 
 
 def _requirements(name: str, seen: set[str]) -> None:
@@ -55,7 +55,8 @@ def bare_python(tmp_path_factory) -> str:
             if source.exists() and not (linked / top).exists():
                 (linked / top).symlink_to(source)
     venv = root / "venv"
-    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", str(venv)], check=True)
+    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", str(venv)],
+                   check=True)
     python = str(venv / "bin" / "python")
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
@@ -98,10 +99,12 @@ def test_the_quick_check_runs_in_a_bare_python_and_says_what_it_skipped(bare_pyt
 def test_every_device_bug_applies_and_says_where_it_is_caught():
     """...and is among its notebook's known wrong answers (graded by test_grading.py)."""
     for slug, answers in devices.MUTANTS.items():
-        model = {c.grade_id: notebook_run.model_solution(c.source) for c in notebook_run.cells(slug) if c.kind == "answer"}
+        model = {c.grade_id: notebook_run.model_solution(c.source)
+                 for c in notebook_run.cells(slug) if c.kind == "answer"}
         assert all(a in for_notebook(slug).MUTANTS for a in answers)
         for answer in answers:
-            assert answer.device in ("cpu", "meta", "cuda") and answer.apply(model[answer.exercise]) != model[answer.exercise]
+            assert answer.device in ("cpu", "meta",
+                                     "cuda") and answer.apply(model[answer.exercise]) != model[answer.exercise]
 
 
 def _cells(*specs: tuple[str, str, float]) -> list[notebook_run.Cell]:
@@ -132,7 +135,8 @@ def test_where_a_failure_was_caught():
     assert gpu_check.caught_by(["on another device (meta) forward ..."], cuda=False) == "meta"
     assert gpu_check.caught_by(["AssertionError: Torch not compiled with CUDA enabled"], cuda=False) == "cpu"
     assert gpu_check.caught_by(["expected device cuda:0 but got cpu"], cuda=True) == "cuda"
-    assert [name for name, _ in gpu_check.packed("device", devices.MUTANTS["03_function_basics"])] == ["device0", "device1"]
+    assert [name for name, _ in gpu_check.packed("device", devices.MUTANTS["03_function_basics"])] == ["device0",
+                                                                                                       "device1"]
 
 
 def test_the_setup_cell_says_where_the_checks_run_and_what_was_skipped(capsys, monkeypatch):

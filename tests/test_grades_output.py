@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-from grading import Course, points
 from nbgrader.api import Gradebook
 from nbgrader.coursedir import CourseDirectory
 
@@ -22,6 +21,7 @@ from autograder.grader import course as grading_course
 from autograder.grader import report
 from autograder.grader.preflight import load_config
 from autograder.grader.records import Options
+from grading import Course, points
 
 SLUG = "03_function_basics"
 SCREENSHOTS = Path(__file__).resolve().parent.parent / ".test-screenshots"  # kept for a person to look at
@@ -175,7 +175,8 @@ def test_the_status_line_shows_from_the_first_second_and_fits_80_columns(termina
     assert first is not None and first < 10, first  # python, the options and the lock, then the line
     lines = _screen_lines(output)
     status = [line for line in lines if re.match(r"\s*Grading [━╸╺ ]", line)]
-    assert status and all(len(line.rstrip()) <= 80 for line in status), [l for l in status if len(l.rstrip()) > 80]
+    assert status and all(len(line.rstrip()) <= 80 for line in status), [
+        line for line in status if len(line.rstrip()) > 80]
     assert any("probing the sandbox" in line or "starting 2 workers" in line for line in status), status
     last = status[-1]  # the run's end: every submission counted, and the time since the run started
     assert re.search(r" 2/2 (\d\d:\d\d:\d\d) left ", last), last

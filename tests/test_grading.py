@@ -68,7 +68,8 @@ def test_every_wrong_answer_loses_its_points(graded):
                 kept.append(f"{exercise.answer_id}: '{answer.label}' kept {score}/{total}")
     assert not kept, "wrong answers that kept their points (or misfiled device bugs):\n" + "\n".join(kept)
     if only_gpu:
-        pytest.skip(f"no CUDA: {len(only_gpu)} device bug(s) that only a GPU run catches not graded: " + "; ".join(only_gpu))
+        pytest.skip(f"no CUDA: {len(only_gpu)} device bug(s) that only a GPU run catches not graded: "
+                    + "; ".join(only_gpu))
 
 
 @pytest.mark.slow
@@ -94,7 +95,8 @@ def test_only_answers_worth_a_look_are_flagged(graded):
     flags = {sub.student: [a.flag for a in sub.answers.values() if a.flag] for sub in graded.submissions.values()}
     flags = {student: reasons for student, reasons in flags.items() if reasons}
     with Gradebook(graded.course.db_url) as gb:
-        flagged = {sub.student.id for sub in gb.assignment_submissions(graded.slug) for nb in sub.notebooks if nb.flagged}
+        flagged = {sub.student.id for sub in gb.assignment_submissions(graded.slug)
+                   for nb in sub.notebooks if nb.flagged}
     assert flagged == set(flags)
     for student, reasons in flags.items():
         top = notebook(graded.course, "autograded", student, graded.slug).cells[0].source.lower()
@@ -114,8 +116,8 @@ def test_feedback_has_scores_and_no_hidden_tests(graded):
     nbgrader = Path(sys.executable).with_name("nbgrader")
     page = course.root / "feedback" / "wrong0" / slug / f"{slug}.html"
     page.unlink()
-    stock = subprocess.run([str(nbgrader), "generate_feedback", slug, "--student", "wrong0", "--force"], cwd=course.root,
-                           capture_output=True, text=True)
+    stock = subprocess.run([str(nbgrader), "generate_feedback", slug, "--student", "wrong0", "--force"],
+                           cwd=course.root, capture_output=True, text=True)
     assert stock.returncode == 0, stock.stderr
     _assert_no_hidden(course, slug, hidden)
 
@@ -151,7 +153,8 @@ def test_nbgrader_export_reads_the_engines_gradebook(graded):
     course = graded.course
     out = course.root / "exported.csv"
     nbgrader = Path(sys.executable).with_name("nbgrader")
-    result = subprocess.run([str(nbgrader), "export", "--to", str(out)], cwd=course.root, capture_output=True, text=True)
+    result = subprocess.run([str(nbgrader), "export", "--to", str(out)], cwd=course.root, capture_output=True,
+                            text=True)
     assert result.returncode == 0, result.stderr
     with open(out) as f:
         exported = {row["student_id"]: float(row["score"]) for row in csv.DictReader(f)}

@@ -92,9 +92,10 @@ def test_zip_collect_keeps_each_hand_ins_time_so_late_work_shows_as_late(tmp_pat
     `nbgrader zip_collect` and the course's configuration: nothing skipped, each student's
     timestamp.txt as hand_in wrote it (bob's later hand-in kept), graded: with a due date,
     grades.csv and the gradebook show bob late and alice on time."""
+    from nbgrader.api import Gradebook
+
     from engine_course import grade
     from grading import Course
-    from nbgrader.api import Gradebook
 
     (tmp_path / "course").mkdir()
     course = Course(tmp_path / "course", [SLUG])
@@ -109,7 +110,8 @@ def test_zip_collect_keeps_each_hand_ins_time_so_late_work_shows_as_late(tmp_pat
         zipped = _handed_in_at(handin.hand_in(student, notebook=released, to=tmp_path / when.isoformat()), when)
         shutil.copy(zipped, archive / f"{student}_{when:%H%M}_5678_{zipped.name}")  # renamed as an LMS does
     nbgrader = Path(sys.executable).with_name("nbgrader")
-    done = subprocess.run([str(nbgrader), "zip_collect", SLUG], cwd=course.root, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([str(nbgrader), "zip_collect", SLUG], cwd=course.root, capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr
     assert "no match information" not in done.stderr, done.stderr  # timestamp.txt too is collected
     assert "6 files collected, 2 files skipped" in done.stderr, done.stderr  # bob's first hand-in: replaced

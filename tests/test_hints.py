@@ -142,7 +142,8 @@ def copies(slug: str) -> list[str]:
             for owner, lines in secrets.items():
                 for secret in lines:
                     if hint == secret or (owner == exercise.answer_id and copied(hint, secret)):
-                        leaks.append(f"{exercise.answer_id}'s hint shows {owner}'s solution line {secret!r} as {hint!r}")
+                        leaks.append(f"{exercise.answer_id}'s hint shows {owner}'s solution line {secret!r} "
+                                     f"as {hint!r}")
     return leaks
 
 
@@ -187,7 +188,8 @@ def worked_answers(slug: str) -> list[str]:
                     named = re.search(rf"\*\*{q}\.?\*\*|[\"'`]{q}[\"'`]|\b(?:for|case|question)\s+{q}\s*[:.)]", item)
                     said = re.search(rf"(?<![\w.]){re.escape(answer)}(?![\w.])", item)
                     if named and said:
-                        leaks.append(f"{exercise.answer_id}'s hint answers question {question} ({answer!r}): {item.strip()[:120]!r}")
+                        leaks.append(f"{exercise.answer_id}'s hint answers question {question} ({answer!r}): "
+                                     f"{item.strip()[:120]!r}")
     return leaks
 
 
@@ -249,5 +251,5 @@ def test_a_quiz_hint_that_works_out_a_question_is_found(monkeypatch):
     idea = "<details>\n\n- **a.** what does the version check do here?\n- \"correct\" means no error\n</details>"
     for hint, leaks in ((worked, 1), (idea, 0)):
         exercise = Exercise("what", solution, [hint])
-        monkeypatch.setitem(globals(), "exercises", lambda slug: ([exercise], set()))
+        monkeypatch.setitem(globals(), "exercises", lambda slug, exercise=exercise: ([exercise], set()))
         assert len(worked_answers("any")) == leaks

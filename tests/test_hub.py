@@ -24,15 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import browser
-import hub
 import nbformat
 import pytest
-from engine_course import solutions
-from grading import points
 from nbgrader.api import Gradebook
 
+import browser
+import hub
 from autograder import authoring
+from engine_course import solutions
+from grading import points
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("browser")]
 SOURCE = "03_function_basics"  # the notebook whose first exercise the class does

@@ -6,9 +6,9 @@ import re
 import urllib.error
 import urllib.request
 
-import browser
 import pytest
 
+import browser
 from autograder.authoring import ROOT
 from autograder.publish import released
 

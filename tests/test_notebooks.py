@@ -34,7 +34,8 @@ def fresh_release(tmp_path_factory):
 def test_course_is_a_fresh_release_of_the_solutions(fresh_release):
     """course/ is generated: no hand edits, nothing stale, nothing missing."""
     def differences(cmp: filecmp.dircmp) -> list[str]:
-        found = [f"only in course/: {n}" for n in cmp.left_only] + [f"missing from course/: {n}" for n in cmp.right_only]
+        found = ([f"only in course/: {n}" for n in cmp.left_only]
+                 + [f"missing from course/: {n}" for n in cmp.right_only])
         found += [f"differs: {n}" for n in cmp.diff_files]
         return found + [d for sub in cmp.subdirs.values() for d in differences(sub)]
 
@@ -52,7 +53,8 @@ def test_released_notebook_keeps_skeletons_and_hides_answers(slug):
     for cell in released.cells:
         grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
         if cell.metadata.get("nbgrader", {}).get("solution"):
-            kept = [line for line in solution[grade_id].source.splitlines() if line.lstrip().startswith(("class ", "def "))]
+            kept = [line for line in solution[grade_id].source.splitlines() if line.lstrip().startswith(("class ",
+                                                                                                         "def "))]
             outside = _outside_markers(solution[grade_id].source)
             assert all(line in cell.source for line in kept if line in outside), f"{grade_id}: skeleton lost"
             assert "raise NotImplementedError()" in cell.source

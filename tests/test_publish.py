@@ -24,9 +24,11 @@ COMMON = {
     "ctx.mark_non_differentiable(indices)": "boilerplate: TopTwo, a given example of notebook 06",
     "ctx.save_for_backward(indices)": "boilerplate: TopTwo",
     "return values, indices": "boilerplate: TopTwo",
-    "ctx.save_for_backward(x, beta)": "boilerplate: student/real_world.py's SwishStandIn, whose values come from the grader",
+    "ctx.save_for_backward(x, beta)": "boilerplate: student/real_world.py's SwishStandIn, whose values "
+                                      "come from the grader",
     "x, beta = ctx.saved_tensors": "boilerplate: SwishStandIn",
-    "z = torch.zeros_like(x)": "the start of a plain fixed-point iteration (exercises/real_world.py's unrolled reference)",
+    "z = torch.zeros_like(x)": "the start of a plain fixed-point iteration (exercises/real_world.py's "
+                               "unrolled reference)",
     # The forward of a function as its exercise defines it (the exercise is its backward):
     "return x * torch.sigmoid(beta * x)": "Swish's definition, forward only",
     "return x.clamp(0, clip)": "ClippedReLU's definition, forward only",
@@ -75,15 +77,18 @@ def test_nothing_of_a_solution_hidden_test_or_key_is_in_what_students_get(public
     for name, text in _texts(public).items():
         lines = {line.strip() for line in text.splitlines()}
         if name.endswith(".ipynb"):
-            lines = {line.strip() for cell in nbformat.reads(text, as_version=4).cells for line in cell.source.splitlines()}
-        leaks += [f"{name}: {line!r}  <- {secrets[line]}" for line in sorted(lines & set(secrets)) if line not in COMMON and line not in KNOWN]
+            lines = {line.strip() for cell in nbformat.reads(text,
+                                                             as_version=4).cells for line in cell.source.splitlines()}
+        leaks += [f"{name}: {line!r}  <- {secrets[line]}" for line in sorted(lines & set(secrets))
+                  if line not in COMMON and line not in KNOWN]
     assert not leaks, "\n".join(leaks)
 
 
 @pytest.mark.slow
 def test_the_student_package_builds_a_wheel_without_the_instructor_side(public, tmp_path):
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", str(tmp_path), str(public)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", str(tmp_path),
+         str(public)],
         check=True, capture_output=True, timeout=300,
     )
     (wheel,) = tmp_path.glob("autograd_course_student-*.whl")

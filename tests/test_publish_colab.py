@@ -15,9 +15,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from engine_course import solutions
 
 from autograder import authoring, publish
+from engine_course import solutions
 
 pytestmark = pytest.mark.slow
 SLUG = "03_function_basics"
@@ -78,7 +78,8 @@ def test_a_fresh_torch_only_colab_installs_the_student_package_runs_checks_and_h
                     str(wheels), str(built)], check=True, capture_output=True, timeout=300)
     (wheel,) = wheels.glob("autograd_course_student-*.whl")
     python = _venv(tmp_path / "colab")
-    listed = subprocess.run([str(python), "-m", "pip", "list", "--format=json"], capture_output=True, text=True, check=True)
+    listed = subprocess.run([str(python), "-m", "pip", "list", "--format=json"], capture_output=True, text=True,
+                            check=True)
     names = {p["name"].lower() for p in json.loads(listed.stdout)}
     assert "torch" in names and not names & {"torchviz", "graphviz", "autograd-course-student", "ipython", "numpy"}
 

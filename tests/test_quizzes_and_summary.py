@@ -22,15 +22,15 @@ import types
 import nbformat
 import pytest
 import torch
-from answers import for_notebook
-from grading import exercises, namespace
 
+from answers import for_notebook
 from autograder import authoring
 from autograder.checks import answers
 from autograder.grader.verdicts import run_cell
 from autograder.student import summary as summary_module
 from autograder.student import tape_graph
 from autograder.student.report import CheckFailed
+from grading import exercises, namespace
 
 SLUGS = authoring.assignments()
 QUIZ_SLUG = "02_higher_order_and_fusion"
@@ -238,7 +238,8 @@ def _released_namespace(slug: str) -> dict:
     for cell in _notebook(slug).cells:
         meta = cell.metadata.get("nbgrader", {})
         grade_id = meta.get("grade_id", "")
-        if cell.cell_type != "code" or meta.get("grade") or grade_id in ("setup", "summary") or grade_id.startswith("check"):
+        if cell.cell_type != "code" or meta.get("grade") or grade_id in ("setup",
+                                                                         "summary") or grade_id.startswith("check"):
             continue
         source = cell.source
         if meta.get("solution"):
@@ -256,7 +257,8 @@ def test_on_the_released_notebook_it_runs_every_check_past_the_stubs(slug):
     assert len(rows) == len(summary_module.visible_checks(slug))
     scored = [r for r in rows if r.check.points]
     assert scored and all(not r.passed and r.earned == 0 for r in scored)
-    assert all(any(stub in r.message for stub in ("not implemented yet", "is not defined yet", "raised NotImplementedError"))
+    assert all(any(stub in r.message for stub in ("not implemented yet", "is not defined yet",
+                                                  "raised NotImplementedError"))
                for r in scored), [r.message for r in scored]
     _, out = _printed(summary_module.summary, slug, _released_namespace(slug))
     assert "Visible checks: 0 of" in out and "did not pass" in out
@@ -324,7 +326,8 @@ def test_escaped_values_and_a_topological_order_are_marked():
     ns, variables, _, _ = _simple_tape()
     entries = ns["gradient_tape"][:3]
     drawing = tape_graph.draw_tape(entries, variables, highlight=["v0"], order=list(reversed(entries)))
-    assert f'fillcolor="{tape_graph.ESCAPED_COLOUR}"' in drawing.source and "escaped: no entry computed it" in drawing.text
+    assert (f'fillcolor="{tape_graph.ESCAPED_COLOUR}"' in drawing.source
+            and "escaped: no entry computed it" in drawing.text)
     assert "#0 v2 = sum(v1)" in drawing.text and "#2 v0 = add(a, b)" in drawing.text
 
 

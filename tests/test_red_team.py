@@ -129,7 +129,7 @@ ATTACKS = {
         setattr(__import__("autograder.student.integrity", fromlist=["restore"]), "restore", lambda: [])
         if reference is not None:
             ClippedReLU = lambda x, clip: reference.reference(x, clip)
-    """, "autograder.student.integrity.restore was replaced", False),
+    """, "autograder.student.integrity.restore was replaced", False),  # noqa: E501  (the attack's code as written)
     "wrap_the_probe_server": ("""
         import autograder.runner.child as child
         import autograder.student.serve as serve
@@ -149,7 +149,7 @@ ATTACKS = {
             if channel.type == socket.SOCK_STREAM:
                 channel.sendall(struct.pack(">I", len(frame)) + frame)
             channel.close()
-    """, "tampering suspected: the notebook's process sent a message that answers no request", True),
+    """, "tampering suspected: the notebook's process sent a message that answers no request", True),  # noqa: E501  (the attack's code as written)
     "custom_exception_handler": ("""
         get_ipython().set_custom_exc((BaseException,), lambda shell, etype, evalue, tb, tb_offset=None: None)
     """, "changes how IPython runs cells", False),
@@ -416,7 +416,9 @@ def graded(tmp_path_factory):
 def test_everyone_else_is_untouched(graded):
     course, before, result = graded
     assert result.returncode == 0, result.stderr
-    assert rows(course, exclude={p.name for p in (course.root / "submitted").iterdir() if p.name.startswith(("a_", "z_"))}) == before
+    assert rows(course,
+                exclude={p.name for p in (course.root / "submitted").iterdir() if p.name.startswith(("a_",
+                                                                                                     "z_"))}) == before
 
 
 def test_honest_scores_to_compare_with(graded):
@@ -434,7 +436,8 @@ def test_attack_gets_its_honest_score_and_is_flagged(graded, attack):
     scores = _scores(course, student)
     assert all(scores[c] == 0 for c in CHEATED), scores
     later = {k: v for k, v in scores.items() if k not in CHEATED}
-    assert later == ({k: 0 for k in later} if crashes else {k: v for k, v in _scores(course, "honest").items() if k in later})
+    assert later == ({k: 0 for k in later} if crashes else {k: v for k, v in _scores(course,
+                                                                                     "honest").items() if k in later})
     if reason is not None:
         assert flagged(course, SLUG, student)[0]
         assert reason.lower() in _comments(course, student).lower()

@@ -56,10 +56,12 @@ for path in files:
         sizes[path] = os.path.getsize(path)
     except OSError:
         pass
-for option, chosen in (("-a", [p for p, n in sizes.items() if n < 4 << 20]), ("-I", [p for p, n in sizes.items() if n >= 4 << 20])):
+for option, chosen in (("-a", [p for p, n in sizes.items() if n < 4 << 20]),
+                       ("-I", [p for p, n in sizes.items() if n >= 4 << 20])):
     with open("files.txt", "wb") as listed:
         listed.write(bytes(1).join(sorted(chosen)))
-    done = subprocess.run(["bash", "-c", "xargs -0 -r grep -lF " + option + " -f patterns.txt < files.txt"], capture_output=True, text=True)
+    done = subprocess.run(["bash", "-c", "xargs -0 -r grep -lF " + option + " -f patterns.txt < files.txt"],
+                          capture_output=True, text=True)
     for path in done.stdout.splitlines():
         print("LEAK", path)
 print("SEEN", len(files))
@@ -96,7 +98,8 @@ def _public(patterns: set[str], tmp_path: Path) -> set[str]:
     leaked = [line.removeprefix("LEAK ") for line in done.stdout.splitlines() if line.startswith("LEAK ")]
     # No pattern spans lines, so the lines grep prints hold every one these files have
     # (looking for each of thousands of patterns in the whole files took minutes).
-    lines = subprocess.run(["xargs", "-0", "-r", "grep", "-hF", "-a", "-f", "patterns.txt"], input="\0".join(leaked).encode(),
+    lines = subprocess.run(["xargs", "-0", "-r", "grep", "-hF", "-a", "-f", "patterns.txt"],
+                           input="\0".join(leaked).encode(),
                            capture_output=True, cwd=tmp_path).stdout.decode("utf-8", "replace")
     return {p for p in patterns if p in lines}
 
@@ -109,7 +112,8 @@ def test_no_hidden_test_solution_key_or_reference_is_visible_in_the_sandbox(tmp_
     course = Course(tmp_path / "course", [SLUG])
     model = solutions(SLUG)
     search = SUBMISSION.format(patterns="\n".join(sorted(patterns)), search=SEARCH, system=SYSTEM)
-    submit_notebook(course, "searcher", SLUG, with_answers(course, SLUG, {**model, "clipped_relu": model["clipped_relu"] + "\n" + search}))
+    submit_notebook(course, "searcher", SLUG,
+                    with_answers(course, SLUG, {**model, "clipped_relu": model["clipped_relu"] + "\n" + search}))
     result = grade(course, SLUG, "--timeout", "300")
     assert result.returncode == 0, result.stderr
     printed = "".join(o.get("text", "") for cell in notebook(course, "autograded", "searcher", SLUG).cells

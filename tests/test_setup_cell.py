@@ -23,8 +23,8 @@ RUNNER = textwrap.dedent('''
             return run(args, **kwargs)
         calls.append(args[3:])
         if sys.argv[1] == "colab-offline":
-            return subprocess.CompletedProcess(args, 1, "", "ERROR: Could not find a version that satisfies the requirement "
-                                               "(network is unreachable)")
+            return subprocess.CompletedProcess(args, 1, "", "ERROR: Could not find a version that satisfies the "
+                                               "requirement (network is unreachable)")
         return subprocess.CompletedProcess(args, 0, "", "")
     subprocess.run = fake_run
     if sys.argv[1].startswith("colab"):
@@ -32,7 +32,8 @@ RUNNER = textwrap.dedent('''
         sys.modules["google.colab"] = types.ModuleType("google.colab")
     result = shell.run_cell(sys.stdin.read())
     error = result.error_in_exec
-    print(json.dumps({"ok": result.success, "pip": calls, "error": f"{type(error).__name__}: {error}" if error else None}))
+    print(json.dumps({"ok": result.success, "pip": calls,
+                      "error": f"{type(error).__name__}: {error}" if error else None}))
 ''')
 
 

@@ -89,8 +89,8 @@ def test_the_introduction_states_reading_and_exercise_time(slug):
     reading, exercises = reading_minutes(nb), exercise_minutes(nb)
     assert stated_exercises == exercises, f"{slug}: the exercises' own estimates add up to {exercises} min"
     assert within(stated_reading, reading, least=5, share=0.2), f"{slug}: reading takes about {reading:.0f} min"
-    assert within(total, reading + exercises, least=10,
-                  share=0.1), f"{slug}: about {reading + exercises:.0f} min in all"
+    assert within(total, reading + exercises, least=10, share=0.1), (
+        f"{slug}: about {reading + exercises:.0f} min in all")
 
 
 @pytest.mark.parametrize("slug", SLUGS)
@@ -134,5 +134,5 @@ def test_stated_times_are_read_as_minutes(stated, expected):
     ("**Time:** 85 min for the exercises.", None),
 ])
 def test_the_introductions_wordings_are_read(paragraph, expected):
-    assert stated_times(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(f"# x\n\n{paragraph}\n\nMore.")])) \
-        == expected
+    assert stated_times(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(
+        f"# x\n\n{paragraph}\n\nMore.")])) == expected

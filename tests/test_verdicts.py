@@ -106,7 +106,8 @@ def test_each_cell_is_judged_with_the_students_names_as_they_are_then():
     cells = [
         nbformat.v4.new_code_cell("answer = 1", metadata={"nbgrader": {"solution": True, "grade_id": "a"}}),
         nbformat.v4.new_code_cell("expected = 1\nassert answer == expected", metadata={"nbgrader": graded}),
-        nbformat.v4.new_code_cell("assert answer == expected + 1", metadata={"nbgrader": {**graded, "grade_id": "check2"}}),
+        nbformat.v4.new_code_cell("assert answer == expected + 1",
+                                  metadata={"nbgrader": {**graded, "grade_id": "check2"}}),
     ]
     ns = {"answer": 1}
     judge = Judge.of(cells, SEEDS)
@@ -135,8 +136,8 @@ def test_warm_pays_the_graders_first_call_costs_before_any_verdict():
               sorted(set(sys.modules) - before))
     """)
     for compiles in (False, True):
-        done = subprocess.run([sys.executable, "-c", code.replace("COMPILES", str(compiles))], capture_output=True, text=True,
-                              timeout=300)
+        done = subprocess.run([sys.executable, "-c", code.replace("COMPILES", str(compiles))], capture_output=True,
+                              text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         assert done.stdout.split() == ["True", "False", str(compiles), "[]"]
 
@@ -169,7 +170,7 @@ def test_every_syntax_tree_of_the_grader_is_built_under_one_lock():
 
     def format_a_traceback():
         try:
-            1 / 0
+            1 / 0  # noqa: B018  (raises on purpose)
         except ZeroDivisionError as error:
             traceback.format_exception(error)  # Python 3.11 parses the line it points at
         done.set()
@@ -182,7 +183,8 @@ def test_every_syntax_tree_of_the_grader_is_built_under_one_lock():
     assert done.is_set()
 
 
-GLOBAL_TORCH_STATE = {"dual_level", "fork_rng", "manual_seed", "set_rng_state"}  # forward AD's level, the default generator
+GLOBAL_TORCH_STATE = {"dual_level", "fork_rng", "manual_seed",
+                      "set_rng_state"}  # forward AD's level, the default generator
 
 
 def _unguarded_global_state(tree: ast.AST) -> list[int]:
@@ -221,7 +223,8 @@ def test_checks_use_torch_state_global_to_the_process_one_thread_at_a_time():
                  for path in sorted((root / package).glob("*.py"))
                  if (lines := _unguarded_global_state(ast.parse(path.read_text())))}
     assert not unguarded, f"global torch state used outside `with process_wide` at {unguarded}"
-    assert _unguarded_global_state(ast.parse("import torch\nwith torch.random.fork_rng():\n    torch.manual_seed(0)")) == [2, 3]
+    assert _unguarded_global_state(ast.parse("import torch\nwith torch.random.fork_rng():\n"
+                                             "    torch.manual_seed(0)")) == [2, 3]
 
     x, t = torch.randn(50, dtype=torch.float64), torch.randn(50, dtype=torch.float64)
     want = torch.cos(x) * x * t + torch.sin(x) * t

@@ -30,6 +30,7 @@ from typing import Any, Collection, Iterable, Mapping
 
 from ..student.report import fail, note, passed
 from ..student.summary import KEYS_MODULE
+
 KEYS_FILE = "quiz_keys.py"  # in autograder/checks/
 RIGHT, WRONG = "✔", "✘"
 

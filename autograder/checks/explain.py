@@ -46,7 +46,8 @@ def error(
             f"no None returned for the non-tensor argument {name(i)}: "
             "its gradient must be None.",
         )
-    m = re.search(r"invalid gradient at index (\d+) - got \[(.*?)\] but expected shape compatible with \[(.*?)\]", message)
+    m = re.search(r"invalid gradient at index (\d+) - got \[(.*?)\] but expected shape compatible with \[(.*?)\]",
+                  message)
     if m:
         i, got, want = int(m[1]), _dims(m[2]), _dims(m[3])
         owners = [j for j, s in enumerate(arg_shapes or ()) if s is not None and tuple(s) == got and j != i]

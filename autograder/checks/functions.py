@@ -16,8 +16,9 @@ import torch
 from torch.autograd.gradcheck import GradcheckError
 
 from ..student import devices, introspect, probe
-from . import evidence as evidence_module, explain, inputs
 from ..student.report import fail, note, passed, quiet, shape, show
+from . import evidence as evidence_module
+from . import explain, inputs
 
 Hint = Callable[[tuple, int, torch.Tensor], "str | None"]
 
@@ -82,7 +83,8 @@ def check_function(student: Any, spec: FunctionSpec, *, seed: int | None = 0) ->
         f"{spec.name}: {checked} agree with the reference on {len(cases)} input(s); "
         f"{tools} (float64, {', '.join(devices.available())})."
     )
-    tried = [what for what in ("each combination of inputs requiring grad", "each output used alone") if what in partial]
+    tried = [what for what in ("each combination of inputs requiring grad",
+                               "each output used alone") if what in partial]
     note(", ".join(["grad_output given not contiguous and expanded", *tried]) + ": the gradients agree too.")
     if spec.keeps_dtype:
         note("float32 inputs: outputs in float32, values and gradients as the reference's.")
@@ -282,7 +284,8 @@ def _given(grad_outputs: list) -> list[str]:
     """The grad_outputs of one backward, for a message (one per output; None: not used)."""
     if len(grad_outputs) == 1:
         return [f"grad_output = {show(grad_outputs[0])}"]
-    return [f"grad_output {k} = {'None (output not used)' if v is None else show(v)}" for k, v in enumerate(grad_outputs)]
+    return [f"grad_output {k} = {'None (output not used)' if v is None else show(v)}"
+            for k, v in enumerate(grad_outputs)]
 
 
 def _describe(args: tuple, names: list[str]) -> list[str]:
@@ -514,7 +517,8 @@ DIRECTIONS = 2  # random directions per input: a wrong entry escapes both with p
 
 
 def _finite_differences(student: probe.StudentProxy, spec: FunctionSpec, plan: _Plan, actual: probe.Probe,
-                        names: list[str], generator: torch.Generator, eps: float = 1e-6, *, rounded: bool = False) -> None:
+                        names: list[str], generator: torch.Generator, eps: float = 1e-6, *,
+                        rounded: bool = False) -> None:
     """gradcheck for code that runs elsewhere: central differences of the student's own
     forward values, computed here, against the student's vector-Jacobian products (those of
     `_agree`'s run, for its random grad_outputs).
@@ -601,7 +605,8 @@ def _second_finite_differences(student: probe.StudentProxy, spec: FunctionSpec, 
         disagree("grad_output")
 
 
-def _forwards(student, spec, plain: list, steps: list[tuple[int, torch.Tensor]], names, args) -> list[tuple[list, list]]:
+def _forwards(student, spec, plain: list, steps: list[tuple[int, torch.Tensor]], names,
+              args) -> list[tuple[list, list]]:
     """(outputs at x + step, outputs at x - step) for each (input, step): floating outputs only."""
     __tracebackhide__ = True
     moved = [tuple(plain[k] + sign * step if k == i else a for k, a in enumerate(plain))
@@ -722,5 +727,6 @@ def check_returned_shapes(student: Any, name: str, cases: Sequence[tuple], *, fi
             for arg_name, arg, grad in zip(_labels(names, len(args)), args, facts.returned):
                 if probe.differentiable(arg) and isinstance(grad, list) and tuple(grad) != tuple(arg.shape):
                     got, want = tuple(grad), tuple(arg.shape)
-                    fail(f"{name}: backward returned a gradient of shape {got} for `{arg_name}`, which has shape {want}.",
+                    fail(f"{name}: backward returned a gradient of shape {got} for `{arg_name}`, which "
+                         f"has shape {want}.",
                          *shown, cause=f"{explain.shape_cause(got, want)} ({ENGINE_SUMS}{fix}.)")

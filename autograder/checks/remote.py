@@ -49,7 +49,8 @@ def result(structure: Any, buffers: list[bytes]) -> Any:
     if not isinstance(reply, dict) or not (set(reply) == {"value"} or set(reply) == {"error", "type"}):
         raise RemoteError("malformed answer from the student's process")
     if "error" in reply:
-        failure = probe.ProbeError.from_data({"stage": "probe", "type": str(reply["type"]), "message": str(reply["error"])})
+        failure = probe.ProbeError.from_data({"stage": "probe", "type": str(reply["type"]),
+                                              "message": str(reply["error"])})
         raise RemoteError(f"the student's process answered with an error: {failure.message}", failure.type)
     return reply["value"]
 

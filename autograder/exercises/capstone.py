@@ -238,7 +238,8 @@ def _describe_case(case: Case, i: int = 0) -> str:
     if ignore is not None:
         parts.append(f"ignore_index={ignore}")
     if kind != "normal":
-        parts.append({"large": "every row at ±1000", "far": "a target 800 below the rest", "masked": "-inf logits"}[kind])
+        parts.append({"large": "every row at ±1000", "far": "a target 800 below the rest",
+                      "masked": "-inf logits"}[kind])
     if _strided(i, _numel(shape)):
         parts.append("not contiguous")
     return ", ".join(parts)
@@ -531,7 +532,8 @@ def check_fused_memory(student: Any, *, cases: Sequence[Case] = MEMORY_CASES, se
                         f"the output ({output} bytes) and a few numbers per row ({allowance(rows)} bytes)")
         new = sum(s.nbytes for s in recording.saved if s.kind == "intermediate")
         kept.append(f"logits {tuple(logits.shape)}: {new} new bytes saved, {found['kept']} alive after forward with "
-                    f"the output (allowed {output + allowance(rows)}; the logits are {logits.numel() * logits.element_size()})")
+                    f"the output (allowed {output + allowance(rows)}; the logits are "
+                    f"{logits.numel() * logits.element_size()})")
     passed(f"{NAME} keeps for backward only its inputs and O(rows) new numbers: " + "; ".join(kept) +
            ". Nothing on ctx, nothing left after backward.")
     if "cuda" not in devices.available():
@@ -741,7 +743,7 @@ def _linear_hint(args: tuple, i: int, wrong: torch.Tensor) -> str | None:
                       "not chunk by chunk (a mean of the chunks' means weighs a short or half-ignored chunk wrongly)")
     elif options["reduction"] == "none":
         causes.append("with 'none', grad_output has one entry per row, to be split into chunks with the rows")
-    causes.append(f"with G = softmax(logits) − onehot(target) scaled per row, the gradient for hidden is G @ weight "
+    causes.append("with G = softmax(logits) − onehot(target) scaled per row, the gradient for hidden is G @ weight "
                   "and for weight the sum over the chunks of G.T @ hidden (each chunk adds its part)")
     return "; ".join(causes) + "."
 

@@ -103,7 +103,8 @@ def _check_special_points(student: Any, clip: float, generator: torch.Generator)
     want = x.clamp(0, clip)
     got = actual.outputs[0].cpu()
     if not torch.equal(got, want):
-        fail("ClippedReLU at special points: wrong forward values.", *shown, f"expected {show(want)}", f"actual   {show(got)}",
+        fail("ClippedReLU at special points: wrong forward values.", *shown, f"expected {show(want)}",
+             f"actual   {show(got)}",
              cause="clamp into [0, clip] with operations that stay exact far out (`x.clamp(0, clip)`, `torch.where`); "
              "a formula such as `x * mask + clip * (1 - mask)` gives inf·0 = nan or loses the value.")
     grad = actual.grads[0][0]

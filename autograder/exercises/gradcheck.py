@@ -19,8 +19,8 @@ import torch
 from torch.autograd.gradcheck import GradcheckError
 
 from ..checks import explain, inputs
-from ..student import devices, gradcheck, probe
 from ..checks.functions import FunctionSpec, check_function
+from ..student import devices, gradcheck, probe
 from ..student.report import fail, note, passed, quiet, show
 
 Jacobians = list[list[torch.Tensor]]
@@ -96,7 +96,8 @@ def _jacobian_cases(generator: torch.Generator) -> list[Case]:
     contiguous (a transposed view: a flat view of it needs a contiguous copy)."""
     g = generator
     return [
-        Case("ExpWithWrongBackward (a Function whose backward is wrong)", gradcheck.EXP_WITH_WRONG_BACKWARD, (_uniform(g, 3),)),
+        Case("ExpWithWrongBackward (a Function whose backward is wrong)", gradcheck.EXP_WITH_WRONG_BACKWARD,
+             (_uniform(g, 3),)),
         Case("exp(1.5 * x)", gradcheck.EXP_1_5X, (_uniform(g, 2, 3),)),
         Case("x @ w", gradcheck.MATMUL, (_uniform(g, 2, 3), _uniform(g, 3, 2))),
         Case("sin(x).cumsum(0)", gradcheck.SIN_CUMSUM, (_uniform(g, 4),)),
@@ -441,7 +442,8 @@ def check_mini_gradcheck(mini_gradcheck: Callable, analytical: Callable, *, seed
             _check_verdict(mini_gradcheck, case)
         _check_refuses_float32(mini_gradcheck, cases[0])
     meta = _analytical_on_meta(analytical, cases[1])
-    passed(f"analytical_jacobian agrees with backward on {len(cases)} functions (float64, {', '.join(devices.available())}).")
+    passed(f"analytical_jacobian agrees with backward on {len(cases)} functions (float64, "
+           f"{', '.join(devices.available())}).")
     note(meta)
     passed(
         f"mini_gradcheck agrees with torch.autograd.gradcheck on {len(cases)} functions, names the "
@@ -561,7 +563,8 @@ def _check_report(label: str, case: Case, raised: Raised, expected: str) -> None
                  *context, cause=f"report the {name} Jacobian's value at that entry.")
 
 
-def _wrong_entry_cause(case: Case, i: Any, j: Any, row: Any, col: Any, numerical: Jacobians, analytical: Jacobians) -> str:
+def _wrong_entry_cause(case: Case, i: Any, j: Any, row: Any, col: Any, numerical: Jacobians,
+                       analytical: Jacobians) -> str:
     def offending(ii: Any, jj: Any, r: Any, c: Any) -> bool:
         if not all(isinstance(k, int) for k in (ii, jj, r, c)):
             return False

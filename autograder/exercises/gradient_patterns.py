@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from ..checks import explain, inputs
-from ..student import devices, gradient_patterns, probe
 from ..checks.functions import FunctionSpec, check_function, check_returned_shapes
+from ..student import devices, gradient_patterns, probe
 from ..student.report import fail, note, passed, quiet, show
 
 Shape = Sequence[int]
@@ -78,8 +78,10 @@ MatmulSizes = tuple[Shape, int, int, int]  # (batch dims, n, k, m)
 def _matmul_hint(args: tuple, i: int, wrong: torch.Tensor) -> str:
     a, b = args
     if i == 0:
-        return f"grad_a must have a's shape (..., n, k) = {tuple(a.shape)}: combine grad_output (..., n, m) with b (..., k, m)."
-    return f"grad_b must have b's shape (..., k, m) = {tuple(b.shape)}: combine a (..., n, k) with grad_output (..., n, m)."
+        return (f"grad_a must have a's shape (..., n, k) = {tuple(a.shape)}: combine grad_output (..., n, m) "
+                "with b (..., k, m).")
+    return (f"grad_b must have b's shape (..., k, m) = {tuple(b.shape)}: combine a (..., n, k) with "
+            "grad_output (..., n, m).")
 
 
 def _matmul_cases(sizes: Sequence[MatmulSizes]):
@@ -162,7 +164,8 @@ def check_unbroadcast(
             for device in devices.available():
                 _check_unbroadcast_once(student, grad.to(device), target)
         meta = _unbroadcast_on_meta(student, pairs)
-    passed(f"unbroadcast: right shape and values for {len(pairs)} (grad shape, shape) pairs ({', '.join(devices.available())}).")
+    passed(f"unbroadcast: right shape and values for {len(pairs)} (grad shape, shape) pairs "
+           f"({', '.join(devices.available())}).")
     note(meta)
     if "cuda" not in devices.available():
         note(devices.NO_CUDA)
@@ -296,8 +299,8 @@ def _mean_hint(args: tuple, i: int, wrong: torch.Tensor) -> str:
     )
 
 
-MEAN = FunctionSpec(name="Mean", reference=torch.mean, cases=_reduction_cases(MEAN_CASES, inputs.normal), hint=_mean_hint,
-                    double_backward=True)
+MEAN = FunctionSpec(name="Mean", reference=torch.mean, cases=_reduction_cases(MEAN_CASES, inputs.normal),
+                    hint=_mean_hint, double_backward=True)
 
 
 def check_mean(student: Any, *, specs: Sequence[Reduction] = MEAN_CASES, seed: int | None = 0) -> None:
@@ -436,7 +439,8 @@ def _check_ties_once(student, args: tuple, generator: torch.Generator) -> None:
     x, dim, keepdim = args
     grad_output, shown, expected, actual = _run_against_amax(student, args, generator)
     if actual.error:
-        what, cause = explain.error(actual.error.stage, actual.error.type, actual.error.message, ["x", "dim", "keepdim"])
+        what, cause = explain.error(actual.error.stage, actual.error.type, actual.error.message,
+                                    ["x", "dim", "keepdim"])
         fail(f"Max on an input with ties: {what}.", *shown, cause=cause)
     want, got = expected.grads[0][0].cpu(), actual.grads[0][0]
     got = torch.zeros_like(want) if got is None else got.cpu()

@@ -36,7 +36,8 @@ ZERO_HVP_CAUSE = (
 )
 
 
-def check_hvp(hvp: Callable[..., Any], *, functions: Sequence[str] = tuple(tape.HVP_FUNCTIONS), seed: int | None = 0) -> None:
+def check_hvp(hvp: Callable[..., Any], *, functions: Sequence[str] = tuple(tape.HVP_FUNCTIONS),
+              seed: int | None = 0) -> None:
     """`hvp(f, x, v)`: the Hessian of the scalar f at x times v, using grad twice."""
     __tracebackhide__ = True
     generator = inputs.generator(seed)
@@ -51,7 +52,8 @@ def check_hvp(hvp: Callable[..., Any], *, functions: Sequence[str] = tuple(tape.
                 _fail_error("hvp", transcript["error"], context)
             got = _value(transcript["result"], "H v", "hvp")
             want = torch.autograd.functional.hvp(f, x_t, v_t)[1]
-            _same("hvp", "H v", got, want, context, cause=lambda: _hvp_cause(f, x_t, v_t, got, want))
+            _same("hvp", "H v", got, want, context,
+                  cause=lambda f=f, x_t=x_t, v_t=v_t, got=got, want=want: _hvp_cause(f, x_t, v_t, got, want))
     passed(f"hvp: Hessian-vector products of {len(functions)} functions ({', '.join(functions)}) agree with "
            "torch.autograd.functional.hvp.")
 

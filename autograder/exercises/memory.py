@@ -79,7 +79,8 @@ def judge_budget(student: Any, budget: Budget, args: tuple, *, strided: bool = F
     __tracebackhide__ = True
     names = budget.names if budget.names.args else replace(budget.names, args=probe.argument_names(student))
     needs = tuple(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
-    shapes = ", ".join(f"{n} of shape {tuple(a.shape)}" for n, a in zip(names.args, args) if isinstance(a, torch.Tensor))
+    shapes = ", ".join(f"{n} of shape {tuple(a.shape)}" for n, a in zip(names.args,
+                                                                        args) if isinstance(a, torch.Tensor))
     context = [f"inputs: {shapes}{' (not contiguous in memory)' if strided else ''}; {_requires(names.args, args)}"]
     with quiet():
         try:
@@ -706,7 +707,8 @@ def check_save_as_bf16(hooks: Any, *, shapes: Sequence[Sequence[int]] = ((6, 5, 
     passed(
         f"save_as_bf16 keeps the activations in {totals[1]} bytes instead of {totals[0]}; parameters, the bool "
         f"mask and the int64 indices as they are; unpacked tensors in their own dtype and device "
-        f"({str(dtype).removeprefix('torch.')}, {', '.join([*devices.available(), 'meta'])}); gradients as close as bfloat16 rounding allows."
+        f"({str(dtype).removeprefix('torch.')}, {', '.join([*devices.available(), 'meta'])}); gradients as close as "
+        "bfloat16 rounding allows."
     )
     if "cuda" not in devices.available():
         note(devices.NO_CUDA)
@@ -726,9 +728,11 @@ def _check_hooks_once(hooks: Any, args: tuple, scale: float, totals: list[int]) 
         + (f"; w2 scaled by {scale:g}" if scale != 1 else ""),
     ]
     if error is not None and error.stage == "create":
-        fail(f"save_as_bf16() raised {error.type}: {error.message.strip().splitlines()[0] if error.message.strip() else ''}",
+        fail(f"save_as_bf16() raised {error.type}: "
+             f"{error.message.strip().splitlines()[0] if error.message.strip() else ''}",
              cause=explain.NOT_IMPLEMENTED if error.type == "NotImplementedError" else
-             "save_as_bf16() must create its pack and unpack functions and pass them to super().__init__(pack, unpack).")
+             "save_as_bf16() must create its pack and unpack functions and pass them to "
+             "super().__init__(pack, unpack).")
     for r in saved:
         _check_unpacked(r, shown)
     if error is not None and meta and error.stage in ("pack", "unpack"):
@@ -859,7 +863,8 @@ def _check_unpacked(r: dict, shown: list[str]) -> None:
                  "store floating-point activations as bfloat16 (8 significant bits): fewer bits lose more.")
         fail(
             f"save_as_bf16: unpack gave back {what} with values that differ from the saved ones by up to "
-            f"{difference:.3g} of the largest entry, more than bfloat16's rounding (2^-8 ≈ 0.0039).", *shown, cause=cause,
+            f"{difference:.3g} of the largest entry, more than bfloat16's rounding (2^-8 ≈ 0.0039).", *shown,
+            cause=cause,
         )
 
 

@@ -67,7 +67,8 @@ def _shown(names: Sequence[str], args: Sequence[Any]) -> list[str]:
 def _close(actual: torch.Tensor | None, expected: torch.Tensor, rtol: float = RTOL, atol: float = ATOL) -> bool:
     return (
         isinstance(actual, torch.Tensor) and actual.shape == expected.shape
-        and bool(torch.allclose(actual.detach().cpu().to(expected.dtype), expected.detach().cpu(), rtol=rtol, atol=atol))
+        and bool(torch.allclose(actual.detach().cpu().to(expected.dtype), expected.detach().cpu(), rtol=rtol,
+                                atol=atol))
     )
 
 
@@ -83,12 +84,13 @@ def _not_finite(expected: torch.Tensor, actual: torch.Tensor) -> str | None:
             "division by x).")
 
 
-def _compare(label: str, actual: torch.Tensor | None, expected: torch.Tensor, shown: list[str], cause: str | None = None,
-             rtol: float = RTOL, atol: float = ATOL) -> None:
+def _compare(label: str, actual: torch.Tensor | None, expected: torch.Tensor, shown: list[str],
+             cause: str | None = None, rtol: float = RTOL, atol: float = ATOL) -> None:
     """Fail unless `actual` has `expected`'s shape and values."""
     __tracebackhide__ = True
     if not isinstance(actual, torch.Tensor):
-        fail(f"{label}: got {type(actual).__name__}, expected a tensor of shape {shape(expected)}.", *shown, cause=cause)
+        fail(f"{label}: got {type(actual).__name__}, expected a tensor of shape {shape(expected)}.", *shown,
+             cause=cause)
     if actual.shape != expected.shape:
         fail(f"{label}: shape {shape(actual)}, expected {shape(expected)}.", *shown, cause=cause)
     if not _close(actual, expected, rtol, atol):
@@ -123,7 +125,8 @@ def transform_cause(message: str, kind: str, facts: dict | None = None) -> str |
                 "sample, in a loop, with a warning (this check switches that fallback off). Register a rule with "
                 "`@op.register_vmap`: `(info, in_dims, x)` in, `(output, out_dims)` out.")
     if "has both generate_vmap_rule=True and an overridden vmap staticmethod" in message:
-        return "choose one: a hand-written vmap staticmethod, or generate_vmap_rule = True (then delete the staticmethod)."
+        return ("choose one: a hand-written vmap staticmethod, or generate_vmap_rule = True (then delete "
+                "the staticmethod).")
     if "Cannot access data pointer of Tensor that doesn't have storage" in message:
         return ("code that leaves torch (NumPy here) received a batched tensor: generate_vmap_rule runs forward on "
                 "batched tensors, which NumPy cannot read. Write a vmap staticmethod that moves the batch dims to "
@@ -313,8 +316,10 @@ def _vmap_cause(actual: torch.Tensor | None, expected: torch.Tensor, batch: int)
                 "dim where the batch is in the output your rule computed (e.g. 0, whichever input was batched).")
     for k in range(1, expected.dim()):
         moved = expected.movedim(0, k)
-        if actual.shape == moved.shape and torch.allclose(actual.cpu().to(moved.dtype), moved.cpu(), rtol=RTOL, atol=ATOL):
-            return f"the batch is at dim {k} of the output your rule computed, but the out_dims it returned say otherwise."
+        if actual.shape == moved.shape and torch.allclose(actual.cpu().to(moved.dtype), moved.cpu(), rtol=RTOL,
+                                                          atol=ATOL):
+            return (f"the batch is at dim {k} of the output your rule computed, but the out_dims it "
+                    "returned say otherwise.")
     return None
 
 
@@ -373,7 +378,8 @@ def check_vmap(student: Any, name: str, reference: Reference, cases: Sequence[Vm
             for k, got in enumerate(grads):
                 d = dims[slots[k]]
                 want = torch.stack([p[k] for p in per], d) if d is not None else sum(p[k] for p in per)
-                _compare(f"{call}: the gradient through vmap (grad of vmap) for `{names[slots[k]]}` differs from a loop",
+                _compare(f"{call}: the gradient through vmap (grad of vmap) for `{names[slots[k]]}` differs from "
+                         "a loop",
                          got, want, shown, hint(case, got, want) if hint else None)
 
 
@@ -462,10 +468,12 @@ def check_forward_ad(student: Any, name: str, reference: Reference, cases: Seque
             _forward_gradcheck(student, name, args, arg_names, generator, facts)
 
 
-def _reference_hessian(reference: Reference, args: Sequence[Any], first: int, weights: list[torch.Tensor]) -> torch.Tensor:
+def _reference_hessian(reference: Reference, args: Sequence[Any], first: int,
+                       weights: list[torch.Tensor]) -> torch.Tensor:
     """The Hessian of <reference(*args), weights> with respect to args[first] (torch.autograd)."""
     def scalar(t: torch.Tensor) -> torch.Tensor:
-        return sum((o * w).sum() for o, w in zip(_floating(reference(*student_side.with_tensors(args, [first], [t]))), weights))
+        return sum((o * w).sum() for o, w in zip(_floating(reference(*student_side.with_tensors(args, [first], [t]))),
+                                                 weights))
 
     return torch.autograd.functional.hessian(scalar, args[first].detach())
 
@@ -483,13 +491,15 @@ def _forward_gradcheck(student: Any, name: str, args: tuple, arg_names: Sequence
         tensors = tuple(args[i].detach().clone().requires_grad_() for i in slots)
         with quiet():
             try:
-                torch.autograd.gradcheck(lambda *t: call(*student_side.with_tensors(args, slots, t)), tensors, check_forward_ad=True,
+                torch.autograd.gradcheck(lambda *t: call(*student_side.with_tensors(args, slots, t)), tensors,
+                                         check_forward_ad=True,
                                          check_backward_ad=False, check_undefined_grad=False, fast_mode=True)
                 return
             except GradcheckError as error:
                 lines = str(error).strip().splitlines()
             except Exception as exc:  # the student's code may raise anything
-                _fail_error(f"gradcheck(check_forward_ad=True) of {name}", probe.ProbeError("gradcheck", type(exc).__name__, str(exc)), shown, facts)
+                _fail_error(f"gradcheck(check_forward_ad=True) of {name}",
+                            probe.ProbeError("gradcheck", type(exc).__name__, str(exc)), shown, facts)
         fail(f"{name}: torch.autograd.gradcheck(check_forward_ad=True) failed.", *shown, *lines[:10],
              cause="jvp must be the derivative of forward, linear in the tangents.")
     plain = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
@@ -508,10 +518,12 @@ def _forward_gradcheck(student: Any, name: str, args: tuple, arg_names: Sequence
     plus, minus = results
     for p, m, t in zip(plus, minus, _tensor_list(run["tangents"], "tangents")):
         numeric = ((p - m) / (2 * eps)).cpu()
-        if t is None or t.shape != numeric.shape or not torch.allclose(t.cpu().to(numeric.dtype), numeric, rtol=1e-3, atol=1e-5):
+        if t is None or t.shape != numeric.shape or not torch.allclose(t.cpu().to(numeric.dtype), numeric, rtol=1e-3,
+                                                                       atol=1e-5):
             fail(f"{name}: the output tangent of forward AD disagrees with finite differences of your own forward "
                  "(along a random direction).", *shown, f"finite differences {show(numeric)}",
-                 f"forward AD         {show(t)}", cause="jvp must be the derivative of forward, linear in the tangents.")
+                 f"forward AD         {show(t)}",
+                 cause="jvp must be the derivative of forward, linear in the tangents.")
 
 
 # --- torch.compile ----------------------------------------------------------------------------
@@ -545,9 +557,10 @@ def check_compile(student: Any, name: str, reference: Reference, cases: Sequence
             for g, w in zip(got, want):
                 _compare(f"{compiled}: forward", g, w, shown)
             names = _names(arg_names, args)
-            for k, (g, w) in enumerate(zip(_tensor_list(found["grads"], "gradients"), _reference_grads(reference, args, weights))):
-                _compare(f"{compiled}: gradient for `{names[student_side.slots_of(args)[k]]}`", torch.zeros_like(w) if g is None else g,
-                         w, shown + [f"weights = {show(weights[0])}"])
+            for k, (g, w) in enumerate(zip(_tensor_list(found["grads"], "gradients"),
+                                           _reference_grads(reference, args, weights))):
+                _compare(f"{compiled}: gradient for `{names[student_side.slots_of(args)[k]]}`",
+                         torch.zeros_like(w) if g is None else g, w, shown + [f"weights = {show(weights[0])}"])
             graphs += [[str(op) for op in g] for g in found.get("graphs") or [] if isinstance(g, list)]
     if in_graph is not None and not any(in_graph in op for g in graphs for op in g):
         fail(f"{compiled}: no compiled graph calls {in_graph}.",
@@ -971,7 +984,8 @@ SOFTMAX = FunctionSpec(name="Softmax", reference=_softmax, cases=_softmax_cases(
 def _softmax_vmap_cases(specs: Sequence[SoftmaxVmapSpec], generator: torch.Generator) -> list[VmapCase]:
     found = []
     for sample_shape, dims, sizes in specs:
-        case = vmap_case((torch.empty(tuple(sample_shape), dtype=torch.float64),), [(d,) for d in dims], sizes, generator)
+        case = vmap_case((torch.empty(tuple(sample_shape), dtype=torch.float64),), [(d,) for d in dims], sizes,
+                         generator)
         found.append(VmapCase((inputs.including(case.args[0], LARGE),), case.levels))
     return found
 

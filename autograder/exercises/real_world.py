@@ -332,12 +332,13 @@ def _reverse_once(student: Any, args: tuple, g: torch.Tensor, u: torch.Tensor, n
         fail(f"GradReverse: forward returned {len(outs)} tensors, expected 1.", *shown[:2])
     (out,) = outs
     if out.shape != x.shape or out.dtype != x.dtype or not torch.equal(out.cpu(), x.detach().cpu()):
-        cause = "the reversal acts on the gradient only: forward returns x's values unchanged (`x.view_as(x)` or `x.clone()`)."
+        cause = ("the reversal acts on the gradient only: forward returns x's values unchanged (`x.view_as(x)` "
+                 "or `x.clone()`).")
         if out.shape == x.shape and out.dtype == x.dtype and torch.allclose(out.cpu(), -alpha * x.detach().cpu()):
             cause = ("forward multiplies x by −α, but the reversal belongs in backward only: forward returns x's "
                      "values unchanged (`x.view_as(x)` or `x.clone()`).")
-        fail("GradReverse: forward changed the values of x.", *shown[:2], f"expected {show(x)}", f"actual   {show(out)}",
-             cause=cause)
+        fail("GradReverse: forward changed the values of x.", *shown[:2], f"expected {show(x)}",
+             f"actual   {show(out)}", cause=cause)
     if result.modified:
         fail("GradReverse: forward modified x in place.", *shown[:2],
              cause="return a new tensor (or a view, `x.view_as(x)`); never change the caller's x.")
@@ -364,7 +365,8 @@ def _reverse_once(student: Any, args: tuple, g: torch.Tensor, u: torch.Tensor, n
         fail(
             "GradReverse: double backward is wrong: the gradient of your gradient with respect to grad_output "
             "should be −α times the incoming vector.", *shown,
-            f"expected {show(-alpha * u)}", f"actual   {'zero (not connected)' if second_g is None else show(second_g)}",
+            f"expected {show(-alpha * u)}",
+            f"actual   {'zero (not connected)' if second_g is None else show(second_g)}",
             cause="compute the gradient with torch operations on grad_output (−α times it), "
             "not with .detach(), NumPy or @once_differentiable.",
         )
@@ -419,7 +421,8 @@ def _fixed_point_hint(args: tuple, i: int, wrong: torch.Tensor) -> str:
             "with s = 1 − z², the gradient for x is the solution w of w = s ⊙ (grad_output + w W) "
             "(one row per sample): the adjoint system. s ⊙ grad_output alone is its first iterate only."
         )
-    return "the gradient for W is wᵀ z summed over the samples (shape (n, n)), with w the solution of the adjoint system."
+    return ("the gradient for W is wᵀ z summed over the samples (shape (n, n)), with w the solution of "
+            "the adjoint system.")
 
 
 FIXED_POINT = FunctionSpec(
@@ -452,7 +455,8 @@ def _check_converged(student: Any, cases: list[tuple], names: list[str]) -> None
             fail(f"TanhFixedPoint: {what}.", *shown, cause=cause)
         if len(result) != 1 or result[0].shape != x.shape or result[0].dtype != x.dtype:
             got = ", ".join(f"{tuple(r.shape)} {r.dtype}" for r in result)
-            fail(f"TanhFixedPoint: forward returned {got}; expected one tensor of x's shape {tuple(x.shape)} and dtype.",
+            fail(f"TanhFixedPoint: forward returned {got}; expected one tensor of x's shape {tuple(x.shape)} "
+                 "and dtype.",
                  *shown)
         z = result[0].cpu()
         residual = float((z - torch.tanh(z @ w.T + x)).abs().max())
@@ -493,7 +497,8 @@ def spirals(generator: torch.Generator, per_class: int = PER_CLASS, classes: int
     xs, ys = [], []
     t = torch.linspace(0.0, 1.0, per_class, dtype=torch.float64)
     for c in range(classes):
-        angle = 2 * math.pi * c / classes + turns * t + noise * torch.randn(per_class, generator=generator, dtype=torch.float64)
+        angle = 2 * math.pi * c / classes + turns * t + noise * torch.randn(per_class, generator=generator,
+                                                                            dtype=torch.float64)
         radius = 0.2 + t
         xs.append(torch.stack([radius * angle.cos(), radius * angle.sin()], 1))
         ys.append(torch.full((per_class,), c, dtype=torch.int64))
@@ -543,7 +548,8 @@ def check_classifier(student: Any, *, seed: int | None = 0) -> None:
     if not isinstance(result, dict) or "error" not in result:
         raise probe.Malformed("malformed training report")
     error = probe.ProbeError.from_data(result["error"])
-    setting = f"{len(y)} points of {CLASSES} interleaved spirals, hidden = {HIDDEN}, Adam(lr={LR}), {STEPS} full-batch steps"
+    setting = (f"{len(y)} points of {CLASSES} interleaved spirals, hidden = {HIDDEN}, Adam(lr={LR}), {STEPS} "
+               "full-batch steps")
     if error is not None:
         what, cause = explain.error(error.stage, error.type, error.message, [])
         fail(f"SwishClassifier: {what}.", setting, cause=cause)
@@ -594,7 +600,8 @@ def _judge_structure(replaced: list[str], swish_calls: int, betas: list[tuple], 
              "(the check looks for the name `Swish` where your class is defined).")
     for shape, parameter, requires_grad in betas:
         if shape != (HIDDEN,):
-            fail(f"SwishClassifier: Swish is called with a beta of shape {shape}; expected ({HIDDEN},), one per hidden unit.",
+            fail(f"SwishClassifier: Swish is called with a beta of shape {shape}; expected ({HIDDEN},), one "
+                 "per hidden unit.",
                  listing, cause=f"β is learnable per hidden unit: a Parameter of shape (hidden,) = ({HIDDEN},), "
                  "all ones to start.")
         if not (parameter and requires_grad):

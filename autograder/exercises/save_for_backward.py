@@ -7,10 +7,10 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..checks import explain, inputs
-from ..student import devices, probe, save_for_backward
 from ..checks.functions import FunctionSpec, check_function
-from ..student.report import fail, passed, quiet, show
 from ..checks.saved import SaveRule, check_saved
+from ..student import devices, probe, save_for_backward
+from ..student.report import fail, passed, quiet, show
 from ..student.saved import KINDS, Names, Recording, non_leaf, record
 
 Cases = Callable[[torch.Generator], list[tuple]]
@@ -119,17 +119,19 @@ class _Example:
 SAVED_BY_EXAMPLES = (
     _Example("Square.apply(x)  # saves its input", save_for_backward.Square, lambda x, b: (x,)),
     _Example("Exp.apply(x)  # saves its output", save_for_backward.Exp, lambda x, b: (x,)),
-    _Example("SinhIntermediates.apply(x)  # saves exp(x) and exp(-x)", save_for_backward.SinhIntermediates, lambda x, b: (x,)),
+    _Example("SinhIntermediates.apply(x)  # saves exp(x) and exp(-x)", save_for_backward.SinhIntermediates,
+             lambda x, b: (x,)),
     _Example("SquareTail.apply(x)  # saves x[1:], a view of x", save_for_backward.SquareTail, lambda x, b: (x,)),
     _Example("ReLUMask.apply(x)  # saves the bool mask x > 0", save_for_backward.ReLUMask, lambda x, b: (x,)),
     _Example("Mul.apply(x, b)  # b does not require grad", save_for_backward.Mul, lambda x, b: (x, b.detach())),
     _Example("TopTwo.apply(x)  # saves the int64 indices of the two largest, output 1", save_for_backward.TopTwo,
              lambda x, b: (x,)),
-    _Example("ExpInPlace.apply(x * 1)  # in place: its output is its input", save_for_backward.ExpInPlace, lambda x, b: (x,), copy=True),
+    _Example("ExpInPlace.apply(x * 1)  # in place: its output is its input", save_for_backward.ExpInPlace,
+             lambda x, b: (x,), copy=True),
     _Example("ExpOnCtx.apply(x)  # stashes its output on ctx", save_for_backward.ExpOnCtx, lambda x, b: (x,)),
     _Example("Exp.apply(x.detach())  # no input requires grad", save_for_backward.Exp, lambda x, b: (x.detach(),)),
-    _Example("RowOfOuter.apply(x)  # saves p[0], a row of the intermediate n x n matrix p", save_for_backward.RowOfOuter,
-             lambda x, b: (x,)),
+    _Example("RowOfOuter.apply(x)  # saves p[0], a row of the intermediate n x n matrix p",
+             save_for_backward.RowOfOuter, lambda x, b: (x,)),
     _Example("SavesTwice.apply(x)  # saves e = exp(x) and e[1:], one block of memory", save_for_backward.SavesTwice,
              lambda x, b: (x,)),
 )
@@ -435,8 +437,8 @@ def _sort_hint(args: tuple, i: int, wrong: torch.Tensor) -> str:
 
 
 SORT = FunctionSpec(
-    name="Sort", reference=torch.sort, cases=_sort_cases([(6,), (3, 4), (4, 3), (1, 5)], [0, 0, -1, -1]), double_backward=True,
-    hint=_sort_hint,
+    name="Sort", reference=torch.sort, cases=_sort_cases([(6,), (3, 4), (4, 3), (1, 5)], [0, 0, -1, -1]),
+    double_backward=True, hint=_sort_hint,
 )
 
 SORT_SAVES = SaveRule(
@@ -465,7 +467,8 @@ def check_sort(student: type[torch.autograd.Function], *,
         check_outputs(
             student, "Sort", devices.prepare(args, "cpu"), ("values", "indices"), arg_names=("x", "dim"),
             integer=("indices",),
-            integer_cause="return the indices torch.sort gives: integer positions, which autograd never differentiates.",
+            integer_cause="return the indices torch.sort gives: integer positions, which autograd never "
+            "differentiates.",
             non_differentiable="only the indices are non-differentiable: pass them, not the values, to "
             "ctx.mark_non_differentiable.",
         )

@@ -27,6 +27,7 @@ gradients of that; in random programs, at the values the programs compute. Only 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import random
 from collections import Counter
@@ -209,7 +210,8 @@ def _fail_error(label: str, error: Any, context: Iterable[str] = ()) -> None:
         fail(f"{label} is not implemented yet.", cause="replace `raise NotImplementedError()` with your code.")
     cause = NONE_CAUSE if "NoneType" in found.message else None
     if "cannot be multiplied" in found.message:
-        cause = "let the shapes guide you: each gradient has the shape of its input, and only one order of the factors fits."
+        cause = ("let the shapes guide you: each gradient has the shape of its input, and only one order of "
+                 "the factors fits.")
     where = "" if found.stage in ("forward", "backward") or found.stage in label else f" ({found.stage})"
     fail(f"{label}{where} raised {found.type}: {found.message}", *context, cause=cause)
 
@@ -254,7 +256,8 @@ def _same(label: str, what: str, got: torch.Tensor | None, want: torch.Tensor, c
              cause="a gradient has the shape of the value it is the gradient of"
              + (" (the backward of sum is expand, and of expand is sum)." if got.dim() != want.dim() else "."))
     if not torch.equal(got, want) and not torch.allclose(got, want, rtol=RTOL, atol=ATOL):
-        fail(f"{label}: {what} is wrong.", *context, f"expected {show(want)}", f"actual   {show(got)}", cause=_cause(cause))
+        fail(f"{label}: {what} is wrong.", *context, f"expected {show(want)}", f"actual   {show(got)}",
+             cause=_cause(cause))
 
 
 def _cause(cause: str | Callable[[], str | None] | None) -> str | None:
@@ -274,7 +277,8 @@ class _Lines:
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     a, b = a.detach(), b.detach()
-    return a.shape == b.shape and (torch.equal(a, b) or bool(torch.allclose(a, b, rtol=RTOL, atol=ATOL, equal_nan=True)))
+    return a.shape == b.shape and (torch.equal(a,
+                                               b) or bool(torch.allclose(a, b, rtol=RTOL, atol=ATOL, equal_nan=True)))
 
 
 def _names(ops: Sequence[Any]) -> list[str]:
@@ -509,7 +513,8 @@ def _judge_first(label: str, case: OpCase, report: Any) -> _Judged:
     xs = [x.clone().requires_grad_() for x in case.inputs]
     pos = [xs[a].clone() for a in case.args]  # one node per argument position: their gradients apart
     candidates = _candidates(case.op, pos, case.extra)
-    _same(label, "the forward value", _value(report.get("value"), "the result", label), candidates[0][1].detach(), context)
+    _same(label, "the forward value", _value(report.get("value"), "the result", label), candidates[0][1].detach(),
+          context)
     multi = len(candidates) > 1
     if not report.get("recorded"):
         fail(f"{label}: the forward pass must record exactly one tape entry, "
@@ -530,7 +535,8 @@ def _judge_first(label: str, case: OpCase, report: Any) -> _Judged:
         if c is None:
             fail(f"{label}: the entry's output {graph.names[k]} = {show(graph.values[k])} is none of "
                  f"{', '.join(n for n, _ in candidates)}.", *context,
-                 cause="an entry's outputs are the values it computes: the result, and intermediates that propagate uses.")
+                 cause="an entry's outputs are the values it computes: the result, and intermediates "
+                       "that propagate uses.")
         described.append(c)
     judged = _Judged(case, report, graph, outputs, described, xs, candidates)
     calls = report.get("calls")
@@ -544,7 +550,8 @@ def _judge_first(label: str, case: OpCase, report: Any) -> _Judged:
         grads = _values(call.get("grads"), len(pos), "propagate's result", label, lines)
         leaves = [None if g is None else g.clone().requires_grad_() for g in gs]
         live = [(candidates[c][1], g) for c, g in zip(described, leaves) if g is not None]
-        wants = torch.autograd.grad([t for t, _ in live], pos, [g for _, g in live], allow_unused=True, create_graph=True)
+        wants = torch.autograd.grad([t for t, _ in live], pos, [g for _, g in live], allow_unused=True,
+                                    create_graph=True)
         judged.calls.append((leaves, wants))
         if multi and any(g is None for g in gs):
             zero = _materialised_zero(graph, len(case.inputs), calls)
@@ -558,7 +565,7 @@ def _judge_first(label: str, case: OpCase, report: Any) -> _Judged:
                 fail(f"{label}: the gradient for `{n}` is a Variable ({show(got)}), but with these output gradients "
                      "it is known to be zero: expected None.", *lines, cause=KNOWN_ZERO_CAUSE)
             if len(outputs) == 1:
-                cause = lambda got=got, want=want, i=i: _first_order_cause(got, want, case, i)
+                cause = functools.partial(_first_order_cause, got, want, case, i)
             else:
                 cause = MULTI_CAUSE if got is None or not bool(got.any()) else MULTI_CHAIN_CAUSE
             _same(label, f"the gradient for `{n}`", got, want, lines, cause=cause)
@@ -615,7 +622,8 @@ def _judge_second(label: str, judged: _Judged, cause: str) -> None:
         try:
             rebuilt = _rebuild(graph, known)
         except _Unfollowable as why:
-            fail(f"{label}: propagate's gradient cannot be differentiated again: {why}.", *lines, cause=UNFOLLOWABLE_CAUSE)
+            fail(f"{label}: propagate's gradient cannot be differentiated again: {why}.", *lines,
+                 cause=UNFOLLOWABLE_CAUSE)
         results = [None if k is None else rebuilt.get(k, graph.values[k]) for k in keys]
         S = sum((r * u).sum() for r, u in zip(results, case.us) if r is not None)
         torch_S = sum((w * u).sum() for w, u in zip(wants, case.us) if w is not None)
@@ -623,9 +631,11 @@ def _judge_second(label: str, judged: _Judged, cause: str) -> None:
         # One backward pass when they agree (as nearly always): that of their difference.
         if all(bool((d.abs() <= ATOL).all()) for d in _gradients(S - torch_S, wrt)):
             continue
-        names = [*case.names, *(_grad_name(judged.candidates[c][0]) for c, g in zip(judged.described, leaves) if g is not None)]
+        names = [*case.names,
+                 *(_grad_name(judged.candidates[c][0]) for c, g in zip(judged.described, leaves) if g is not None)]
         for n, got, w in zip(names, _gradients(S, wrt), _gradients(torch_S, wrt)):
-            _same(label, f"the gradient of your gradient (second order) with respect to `{n}`", got, w, lines, cause=cause)
+            _same(label, f"the gradient of your gradient (second order) with respect to `{n}`", got, w, lines,
+                  cause=cause)
 
 
 def _gradients(S: Any, wrt: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -662,7 +672,8 @@ def _first_order_cause(got: torch.Tensor | None, want: torch.Tensor, case: OpCas
     for j, other in enumerate(found):
         if j != index and _close_to(got, other) and not _close_to(other, want):
             return (f"the gradients are swapped: you return for `{params[index]}` what `{params[j]}` should get. "
-                    f"dL/d{params[index]} = dL_dr times dr/d{params[index]}, and for a product that is the other factor.")
+                    f"dL/d{params[index]} = dL_dr times dr/d{params[index]}, and for a product that is "
+                    "the other factor.")
     right = RIGHT_DERIVATIVE.get(case.op)
     if right is not None and right in LOCAL_DERIVATIVES:
         x = pos[index].detach()
@@ -775,7 +786,8 @@ def judge_program(
 ) -> None:
     """The program's gradients, and (with `second_order`) those of their squared norm, as torch's."""
     __tracebackhide__ = True
-    context = _Lines(lambda: [description or f"program: {program.listing()}", *(f"v{i} = {show(x)}" for i, x in enumerate(xs))])
+    context = _Lines(lambda: [description or f"program: {program.listing()}",
+                              *(f"v{i} = {show(x)}" for i, x in enumerate(xs))])
     if transcript["skipped_entry_called"]:
         fail(f"{label}: it called propagate for an entry none of whose outputs has a gradient.", *context,
              cause="when every dL_doutput of an entry is None (known to be zero), skip the entry: "
@@ -823,7 +835,8 @@ def differential_test(grad: Callable[..., Any], keep: Sequence[str], ops: Sequen
         judge_program(transcript, program, xs, label="random program", second_cause=second_cause)
 
 
-def check_whole_tape(grad: Callable[..., list], *ops: Callable[..., Any], programs: int = 10, seed: int | None = 0) -> None:
+def check_whole_tape(grad: Callable[..., list], *ops: Callable[..., Any], programs: int = 10,
+                     seed: int | None = 0) -> None:
     """Everything of the student's together (their grad and operations) on random programs."""
     __tracebackhide__ = True
     names = _names(ops)
@@ -937,7 +950,8 @@ def deep_ladder(rng: random.Random) -> tape.Program:
     steps = tuple(step for k in range(rungs) for step in (("sin", (2 * k,)), ("mul", (2 * k + 1, 2 * k))))
     return tape.Program(1, steps + (("sum", (2 * rungs,)),), (3,))
 ORDER_CASES = [
-    (tape.Program(2, (("exp", (0,)), ("mul", (2, 1)), ("sin", (3,)), ("mul", (4, 2)), ("add", (5, 2)), ("sum", (6,))), (3,)),
+    (tape.Program(2, (("exp", (0,)), ("mul", (2, 1)), ("sin", (3,)), ("mul", (4, 2)), ("add", (5, 2)), ("sum", (6,))),
+                  (3,)),
      "y = exp(x); L = sum(sin(y * w) * y + y)"),
 ]
 
@@ -980,7 +994,8 @@ def _judge_order(topological_order: Callable[..., Any], program: tape.Program, d
              cause="an entry reached along two paths must be listed once, or its propagate would run twice.")
     missing = sorted(reachable - set(order))
     if missing or len(order) != len(reachable):
-        what = f"misses {_step(program, missing[0])}" if missing else "lists entries that are not reachable from the root"
+        what = (f"misses {_step(program, missing[0])}" if missing
+                else "lists entries that are not reachable from the root")
         fail(f"topological_order {what} ({description}).",
              cause="follow `next_entries` from the root to every entry that contributed to it (skip None: leaves).")
     if order[0] != root:
@@ -1038,13 +1053,15 @@ def check_topological_order(
             _judge_order(topological_order, program, description)
         for _ in range(programs):
             program = random_program(["add", "mul", "neg", "exp", "sin"], 12, rng)
-            _judge_order(topological_order, tape.Program(3, program.steps + (("sum", (2 + len(program.steps),)),), (3,)),
+            _judge_order(topological_order,
+                         tape.Program(3, program.steps + (("sum", (2 + len(program.steps),)),), (3,)),
                          "a random program")
         if deep and not programs:
             _judge_order(topological_order, DEEP_CHAIN, f"a chain of {DEEP:,} negations")
         elif deep:
             ladder = deep_ladder(rng)
-            _judge_order(topological_order, ladder, f"a graph {len(ladder.steps):,} entries deep, every value used twice")
+            _judge_order(topological_order, ladder,
+                         f"a graph {len(ladder.steps):,} entries deep, every value used twice")
     extra = f", {programs} random programs" if programs else ""
     graph = "a 10,000-deep chain" if not programs else "a random graph thousands of entries deep"
     chain = f" and {graph}, without recursion (Python's default recursion limit; nesting watched)" if deep else ""

@@ -103,9 +103,11 @@ class Grading(WorkerPlugin):
     def setup(self, worker) -> Any:
         found = fingerprint()
         if found != self.expected:
-            differs = ", ".join(f"{k} {found[k]} instead of {self.expected[k]}" for k in found if found[k] != self.expected[k])
+            differs = ", ".join(f"{k} {found[k]} instead of {self.expected[k]}"
+                                for k in found if found[k] != self.expected[k])
             raise DifferentVersion(f"the Dask worker {worker.address} on {socket.gethostname()} has {differs}: install "
-                                   "the same version of the course there as here (scores must not depend on the machine)")
+                                   "the same version of the course there as here (scores must not "
+                                   "depend on the machine)")
         self.jobs = max(int(worker.state.nthreads), 1)
         self.ready, self.error, self.stopping = threading.Event(), None, False
         self.waiting: dict[str, concurrent.futures.Future] = {}
@@ -231,8 +233,8 @@ def plain_program(program: Program) -> dict:
     return {
         "cells": [list(cell) for cell in program.cells],
         "files": dict(program.files),
-        "tests": {index: {"source": str(cell["source"]),
-                          "metadata": {"nbgrader": dict(cell["metadata"]["nbgrader"])}} for index, cell in tests.items()},
+        "tests": {index: {"source": str(cell["source"]), "metadata": {"nbgrader": dict(cell["metadata"]["nbgrader"])}}
+                  for index, cell in tests.items()},
         "seeds": dict(program.judge.seeds) if program.judge is not None else {},
     }
 
@@ -284,7 +286,8 @@ class ClusterPool:
         try:
             self.client = Client(address, timeout=CONNECT, set_as_default=False, name=f"autograder grade {self.run_id}")
         except (OSError, TimeoutError, ValueError) as error:
-            raise GradingError(f"the Dask scheduler at {address} could not be reached ({first_line(error, 200)}): start it "
+            raise GradingError(f"the Dask scheduler at {address} could not be reached "
+                               f"({first_line(error, 200)}): start it "
                                "(`dask scheduler`) or correct --scheduler", USAGE) from None
         self.futures: dict[str, tuple[str, int]] = {}  # Dask key -> (submission key, notebooks)
         self.completed = as_completed(loop=self.client.loop)
@@ -314,8 +317,8 @@ class ClusterPool:
 
     def preload(self, modules: list[str], compiles: bool = False) -> None:
         """Start the grading pool on every Dask worker (and on those that join later)."""
-        plugin = Grading(str(self.options.root), self.options.sandbox, self.options.limits, modules, compiles, fingerprint(),
-                         self.topic)
+        plugin = Grading(str(self.options.root), self.options.sandbox, self.options.limits, modules, compiles,
+                         fingerprint(), self.topic)
         try:
             self.client.register_plugin(plugin, name=self.plugin)
             described = self.client.run(_describe, plugin=self.plugin)
@@ -374,12 +377,14 @@ class ClusterPool:
                 raise self._lost() from None
             alone_since = None if self._size else alone_since or time.monotonic()
             if alone_since is not None and time.monotonic() - alone_since > WORKERS:
-                raise GradingError(f"the Dask scheduler at {self.address} has had no worker for {WORKERS:g} s, so grading "
+                raise GradingError(f"the Dask scheduler at {self.address} has had no worker for "
+                                   f"{WORKERS:g} s, so grading "
                                    "stopped; what was saved stays saved: start workers and run again", FAILED)
 
     def _lost(self) -> GradingError:
-        return GradingError(f"the connection to the Dask scheduler at {self.address} was lost, so grading stopped; what "
-                            "was saved stays saved: run again (with the scheduler back) to grade the rest", FAILED)
+        return GradingError(f"the connection to the Dask scheduler at {self.address} was lost, so "
+                            "grading stopped; what was saved stays saved: run again (with the scheduler back) "
+                            "to grade the rest", FAILED)
 
     def _started(self, event: tuple[float, Any]) -> None:
         _, key = event

@@ -48,7 +48,8 @@ class Conversation:
         """Run a run of the notebook's own cells, (source, execution count) each, one after the
         other; yields each one's reply (outputs, execution count, CPU) as it comes, within the
         time `deadline()` says is left then."""
-        request_id = self._send({"op": "execute", "cells": [{"code": code, "count": count} for code, count in cells]}, [])
+        request_id = self._send({"op": "execute", "cells": [{"code": code, "count": count} for code, count in cells]},
+                                [])
         for _ in cells:
             reply, _ = self._reply(request_id, "executed", deadline())
             outputs = reply.get("outputs")

@@ -21,12 +21,12 @@ from traitlets.config import Config
 
 from ..checks import inputs
 from ..student.probe import first_line
-from .verdicts import Judge, warm
 from . import discover, feedback, nbgrader_adapter, progress, report, results, secret, untrusted
-from .preflight import FAILED, GradingError
 from .pool import Pool
-from .records import Options, Program
+from .preflight import FAILED, GradingError
 from .prepare import Preparer, Rejected
+from .records import Options, Program
+from .verdicts import Judge, warm
 from .writer import Writer
 
 REPORTS = "reports"  # per-assignment plots and status files, in the course root
@@ -34,13 +34,15 @@ GRADES_CSV = "grades.csv"  # nbgrader export's default name
 LMS_CSV = "grades-lms.csv"  # one row per student, one column per assignment: Canvas's and Moodle's import
 
 
-def grade(options: Options, config: Config, pool: Pool, console: Console) -> tuple[list[report.Outcome], list[discover.Submission]]:
+def grade(options: Options, config: Config, pool: Pool, console: Console) -> tuple[list[report.Outcome],
+                                                                                   list[discover.Submission]]:
     """Grade what `options` asks for with `pool`'s workers; (outcomes, submissions skipped as done)."""
     with nbgrader_adapter.applied():
         return _grade(options, config, pool, console)
 
 
-def _grade(options: Options, config: Config, pool: Pool, console: Console) -> tuple[list[report.Outcome], list[discover.Submission]]:
+def _grade(options: Options, config: Config, pool: Pool, console: Console) -> tuple[list[report.Outcome],
+                                                                                    list[discover.Submission]]:
     coursedir = CourseDirectory(config=config)
     submissions = discover.find(coursedir, options.assignments, options.students)
     if not submissions:
@@ -73,12 +75,14 @@ def _grade(options: Options, config: Config, pool: Pool, console: Console) -> tu
     _export(coursedir, config, {s.assignment for s in submissions})  # its plots read the status files
     if options.feedback:  # graded now or before: feedback is for every submission that has none up to date
         wanted = sorted({s.assignment for s in submissions})
-        progress.phase(f"writing feedback for {', '.join(wanted)} (nbgrader generate_feedback, hidden tests cleared) ...")
+        progress.phase(f"writing feedback for {', '.join(wanted)} (nbgrader generate_feedback, hidden "
+                       "tests cleared) ...")
         for assignment in feedback.generate(coursedir, config, wanted):
             console.print(f"[bold red]feedback failed for some submissions of {assignment}[/]")
         written = sum(1 for s in submissions if any(Path(coursedir.format_path(
             coursedir.feedback_directory, s.student, s.assignment)).glob("*.html")))
-        console.print(f"Feedback: {written} of {len(submissions)} submissions have theirs in {coursedir.feedback_directory}/.")
+        console.print(f"Feedback: {written} of {len(submissions)} submissions have theirs in "
+                      f"{coursedir.feedback_directory}/.")
     return outcomes, skipped
 
 
@@ -130,7 +134,8 @@ def _grade_all(todo, known, pool, preparer, writer, console, limits, course_key:
                 running[submission.key] = (submission, items)
                 pool.submit(submission.key, [
                     Program(p.code_cells(), submission.contents,
-                            Judge.of(p.nb.cells, functools.partial(inputs.cell_seed, course_key, submission.assignment, p.name)))
+                            Judge.of(p.nb.cells,
+                                     functools.partial(inputs.cell_seed, course_key, submission.assignment, p.name)))
                     for p in items
                     if not isinstance(p, results.NotebookResult)
                 ])
@@ -153,7 +158,8 @@ def _grade_all(todo, known, pool, preparer, writer, console, limits, course_key:
             except OSError as error:
                 where = f" ({error.filename})" if error.filename else ""
                 raise GradingError(f"stopped while saving {key}: {error.strerror or error}{where}; what was saved "
-                                   "before stays saved: free the disk or fix the folder, and run again", FAILED) from None
+                                   "before stays saved: free the disk or fix the folder, and run again",
+                                   FAILED) from None
             outcome.engine_cpu += spent.pop(key) + time.thread_time() - cpu
             outcomes.append(outcome)
             tracker.update(took)
@@ -186,7 +192,9 @@ def _prepare(submission: discover.Submission, known: set[str], preparer: Prepare
         except Rejected as error:
             items.append(results.rejected(name, str(error), data))
         except Exception as error:  # whatever a notebook holds, it stops no one else's grading
-            items.append(results.rejected(name, f"not graded: the grader could not prepare it ({first_line(error, 200)})", data))
+            items.append(results.rejected(name,
+                                          f"not graded: the grader could not prepare it ({first_line(error, 200)})",
+                                          data))
     unused = [f"{reason}: not used" for _, reason in submission.refused]  # a person should know
     for item in items:
         (item.problems if isinstance(item, results.NotebookResult) else item.flags).extend(unused)
@@ -197,7 +205,8 @@ def _graded(prepared, run) -> results.NotebookResult:
     try:
         return results.graded(prepared, run)
     except Exception as error:  # outputs nothing can hold: the notebook alone fails
-        return results.rejected(prepared.name, f"not graded: its results could not be recorded ({first_line(error, 200)})")
+        return results.rejected(prepared.name,
+                                f"not graded: its results could not be recorded ({first_line(error, 200)})")
 
 
 def _save(writer: Writer, submission: discover.Submission, notebook_results: list) -> list[results.NotebookResult]:
@@ -237,5 +246,5 @@ def _export(coursedir: CourseDirectory, config: Config, assignments: set[str]) -
     for assignment in sorted(assignments):
         source = Path(coursedir.format_path(coursedir.source_directory, ".", assignment))
         failed = report.read_failed(root / REPORTS / assignment / "last-run.csv")
-        report.plot(coursedir.db_url, coursedir.course_id, assignment, source, root / REPORTS / assignment / "grades.png",
-                    failed)
+        report.plot(coursedir.db_url, coursedir.course_id, assignment, source,
+                    root / REPORTS / assignment / "grades.png", failed)

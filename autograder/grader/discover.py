@@ -68,7 +68,8 @@ class Submission:
                 continue
             total += len(data)
             if total > FILES_BYTES:
-                self.refused.append((relative, f"'{relative}' and the files after it: more than {FILES_BYTES >> 20} MiB in all"))
+                self.refused.append((relative,
+                                     f"'{relative}' and the files after it: more than {FILES_BYTES >> 20} MiB in all"))
                 break
             found[relative] = data
         if self.source.is_dir():

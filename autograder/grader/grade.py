@@ -18,8 +18,8 @@ from sqlalchemy.exc import OperationalError
 
 from ..isolation import sandbox
 from . import preflight, progress
-from .preflight import FAILED, GradingError
 from .pool import Pool
+from .preflight import FAILED, GradingError
 from .records import Options
 
 

@@ -4,9 +4,10 @@ nbgrader's Gradebook commits after every change, and its writing preprocessors
 (SaveAutoGrades, AssignLatePenalties) each open a Gradebook of their own. Inside
 `transaction`, the Gradebook's session joins one database transaction (SQLAlchemy's
 "rollback_only" join mode: its commits only flush), and those preprocessors are lent
-that Gradebook instead of opening another (`nbgrader_adapter.lent`) (`Submission`, which looks rows up in bulk). Either all of a submission's rows are
-written or none are: a grader killed mid-way leaves no partial records. One Gradebook
-serves a whole run (`Released` also for nbgrader's sanitizing preprocessors).
+that Gradebook instead of opening another (`nbgrader_adapter.lent`) (`Submission`,
+which looks rows up in bulk). Either all of a submission's rows are written or none
+are: a grader killed mid-way leaves no partial records. One Gradebook serves a whole
+run (`Released` also for nbgrader's sanitizing preprocessors).
 """
 from __future__ import annotations
 

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 from ..isolation import sandbox
 from ..isolation.limits import TRUNCATED, Limits
 from ..runner.protocol import Channel, ChannelClosed, ProtocolError, Undecodable
-
 from . import syntax
 from .records import Cell, Program, Run
 
@@ -152,8 +151,10 @@ class Worker:
                         self._judge(conversation, program.judge, index, count, run)
                     continue
                 sent = time.monotonic()
+                # The time left, read when asked: spent and sent move on with every reply.
                 replies = conversation.execute([(source, count) for count, (_, _, source) in group],
-                                               lambda: max(limits.timeout - spent - (time.monotonic() - sent), 0.001))
+                                               lambda: max(limits.timeout - spent - (time.monotonic() - sent),  # noqa: B023
+                                                           0.001))
                 for count, (index, label, _) in group:
                     where = f"while running {label}"
                     reply = next(replies)
@@ -172,7 +173,8 @@ class Worker:
         except TimeoutError:
             run.failure = f"stopped after {limits.timeout:g} s, the notebook's time limit, {where}"
             if conversation is not None and conversation.lost is not None:
-                run.failure = f"stopped: the notebook's code did not answer the grader's checks within {limits.timeout:g} s ({where})"
+                run.failure = ("stopped: the notebook's code did not answer the grader's checks within "
+                               f"{limits.timeout:g} s ({where})")
         except ChannelClosed:
             run.failure, ended = f"the notebook's process ended {where}", True
         except Undecodable as error:
@@ -212,7 +214,8 @@ class Worker:
             verdict = dataclasses.replace(verdict, score=0.0, outputs=[*verdict.outputs, _error(
                 "LimitExceeded", conversation.breach)])
             run.limits_reached.append(f"the cell '{verdict.grade_id}' scored 0: {conversation.breach}")
-        outputs = [{**o, "execution_count": count} if o["output_type"] == "execute_result" else o for o in verdict.outputs]
+        outputs = [{**o,
+                    "execution_count": count} if o["output_type"] == "execute_result" else o for o in verdict.outputs]
         run.cells[index] = Cell(outputs, count, time.monotonic() - started, 0.0)
         run.seeds[verdict.grade_id] = verdict.seed
         run.worth_a_look += [flag for flag in verdict.flags if flag not in run.worth_a_look]

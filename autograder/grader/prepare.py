@@ -21,13 +21,14 @@ from nbformat import NotebookNode
 from nbgrader import utils
 from nbgrader.api import Gradebook
 from nbgrader.converters import Autograde
-from nbgrader.nbgraderformat import MetadataValidator, ValidationError as MetadataError
+from nbgrader.nbgraderformat import MetadataValidator
+from nbgrader.nbgraderformat import ValidationError as MetadataError
 from nbgrader.nbgraderformat.common import SchemaMismatchError
 from nbgrader.preprocessors import OverwriteCells, overwritecells, overwritekernelspec
 from traitlets.config import Config
 
-from .scan import imported, scan
 from .gradebook import Released, lent
+from .scan import imported, scan
 
 _GRADE_ID = re.compile(r"[a-zA-Z0-9_\-]+")
 QUIET = logging.getLogger("autograder.engine.nbgrader")  # nbgrader's warnings repeat ours less clearly
@@ -154,7 +155,8 @@ def tampering(nb: NotebookNode, gradebook: Gradebook, notebook: str, assignment:
     ]
     flags = [f"grade_id '{i}' appears {n} times (a copied cell?)" for i, n in Counter(ids).items() if n > 1 and i]
     flags += [f"unknown grade_id '{i}' (a renamed cell?)" for i in dict.fromkeys(ids) if i and i not in source]
-    flags += [f"the graded cell '{name}' was deleted or lost its metadata; it was put back" for name in graded if name not in ids]
+    flags += [f"the graded cell '{name}' was deleted or lost its metadata; it was put back"
+              for name in graded if name not in ids]
     for cell in nb.cells:
         grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
         if grade_id in source and cell.cell_type != source[grade_id].cell_type:
@@ -166,7 +168,8 @@ def edited(nb: NotebookNode, released: list) -> list[str]:
     """What was done to the locked and graded cells that nbgrader puts back without a word:
     edited locked cells, changed nbgrader metadata (points above all), outputs in a hidden
     test cell (whose released source is only a comment, so it cannot have printed anything)."""
-    given = {c.metadata.nbgrader.grade_id: c for c in released if c.get("metadata", {}).get("nbgrader", {}).get("grade_id")}
+    given = {c.metadata.nbgrader.grade_id: c for c in released if c.get("metadata",
+                                                                        {}).get("nbgrader", {}).get("grade_id")}
     flags = []
     for cell in nb.cells:
         meta = cell.get("metadata", {}).get("nbgrader", {})
@@ -219,7 +222,8 @@ class Preparer:
         for cell in nb.cells:  # a renamed cell is the student's own: it runs, ungraded
             if cell.metadata.get("nbgrader", {}).get("grade_id") not in known:
                 cell.metadata.pop("nbgrader", None)
-        resources = {"nbgrader": {"notebook": name, "assignment": assignment, "student": student, "db_url": self.db_url}}
+        resources = {"nbgrader": {"notebook": name, "assignment": assignment, "student": student,
+                                  "db_url": self.db_url}}
         try:
             with lent(self.gradebook, LENT_MODULES):
                 for sanitize in self.sanitizers:

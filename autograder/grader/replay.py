@@ -21,8 +21,8 @@ from ..checks import inputs
 from ..isolation import sandbox
 from . import discover, preflight, secret
 from .pool import Pool
-from .prepare import Preparer, Rejected
 from .preflight import GradingError
+from .prepare import Preparer, Rejected
 from .records import Options, Program, Run, as_text
 from .verdicts import Judge, is_test_cell
 

@@ -48,7 +48,8 @@ def summary(outcomes: list[Outcome], skipped: list[Submission], seconds: float, 
             assignment, str(counts["graded"]), str(counts["flagged"]), str(counts["failed"]),
             str(sum(s.assignment == assignment for s in skipped)), f"{busy:.1f} s",
         )
-    table.caption = f"{len(outcomes)} graded in {seconds:.1f} s; flagged and failed submissions need a person (formgrader)."
+    table.caption = (f"{len(outcomes)} graded in {seconds:.1f} s; flagged and failed submissions need a "
+                     "person (formgrader).")
     return table
 
 
@@ -116,7 +117,8 @@ def scores(db_url: str, course_id: str, assignment: str, source: Path, failed: s
             for exercise, cells in groups.items():
                 points = [sum(g[c][0] for c in cells if c in g) for g in grades]
                 most = sum(grades[0][c][1] for c in cells if c in grades[0]) if grades else 0.0
-                per_exercise[f"{notebook.stem}: {exercise}" if len(list(source.glob("*.ipynb"))) > 1 else exercise] = (points, most)
+                per_exercise[f"{notebook.stem}: {exercise}" if len(list(source.glob("*.ipynb"))) > 1
+                             else exercise] = (points, most)
     for student in failed & set(statuses):
         statuses[student] = "failed"
     return Scores(totals, top, per_exercise, statuses)
@@ -205,7 +207,8 @@ def write_lms(gb: Gradebook, out: Path) -> None:
     with open(out, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(LMS_HEADER + assignments)
-        for student in sorted(gb.students, key=lambda s: ((s.last_name or "").lower(), (s.first_name or "").lower(), s.id)):
+        for student in sorted(gb.students,
+                              key=lambda s: ((s.last_name or "").lower(), (s.first_name or "").lower(), s.id)):
             name = ", ".join(part for part in (student.last_name, student.first_name) if part) or student.id
             row = [name, "", student.id, student.email or student.id, ""]
             for assignment in assignments:

@@ -18,9 +18,8 @@ from nbformat import NotebookNode
 from nbformat.v4 import new_markdown_cell, new_output
 from nbgrader import utils
 
-from .records import Run, cut
 from .prepare import Prepared
-
+from .records import Run, cut
 
 PROBLEM = 1000  # characters of one reason a notebook is flagged (it may quote what the student's process sent)
 
@@ -75,7 +74,8 @@ def _tampering(run: Run) -> list[str]:
         found.append(f"tampering suspected: the notebook's process sent {run.tampering}; the test cells not yet "
                      "judged score 0")
     if run.changed:
-        found.append("tampering suspected: the notebook changed what the grader's probes rely on: " + "; ".join(run.changed[:10]))
+        found.append("tampering suspected: the notebook changed what the grader's probes rely on: "
+                     + "; ".join(run.changed[:10]))
     return found
 
 

@@ -14,18 +14,24 @@ from dataclasses import dataclass
 from . import syntax
 
 # Roots whose attributes a student's code has no business assigning.
-MODULES = {"builtins", "torch", "autograder", "sys", "os", "IPython", "numpy", "np", "math", "nbformat", "nbgrader", "signal"}
+MODULES = {"builtins", "torch", "autograder", "sys", "os", "IPython", "numpy", "np", "math", "nbformat", "nbgrader",
+           "signal"}
 # Calls and names worth a look, with why.
 PATTERNS = [
     (r"\bbuiltins\b|__builtins__", "touches Python's builtins"),
-    (r"input_transformers|ast_transformers|set_custom_exc|showtraceback|events\.register|register_magic", "changes how IPython runs cells"),
-    (r"\bsys\.(modules|settrace|setprofile|meta_path)|\bgc\.get_(objects|referrers)|\bctypes\b|currentframe|_getframe", "reaches into the interpreter"),
-    (r"\bos\._exit|\bsys\.exit|\bos\.kill|\bsignal\.|\bos\.fork|\bsubprocess\b|\bmultiprocessing\b|\bos\.system", "controls processes or signals"),
+    (r"input_transformers|ast_transformers|set_custom_exc|showtraceback|events\.register|register_magic",
+     "changes how IPython runs cells"),
+    (r"\bsys\.(modules|settrace|setprofile|meta_path)|\bgc\.get_(objects|referrers)|\bctypes\b|currentframe|_getframe",
+     "reaches into the interpreter"),
+    (r"\bos\._exit|\bsys\.exit|\bos\.kill|\bsignal\.|\bos\.fork|\bsubprocess\b|\bmultiprocessing\b|\bos\.system",
+     "controls processes or signals"),
     (r"\bsocket\b|\burllib\b|\brequests\b|\bhttp\.client|\bftplib\b", "opens network connections"),
-    (r"\bopen\(|\bpathlib\b|\bos\.(listdir|walk|scandir|remove|unlink|rename|chmod|makedirs)|\bshutil\b|\bglob\b", "reads or writes files"),
+    (r"\bopen\(|\bpathlib\b|\bos\.(listdir|walk|scandir|remove|unlink|rename|chmod|makedirs)|\bshutil\b|\bglob\b",
+     "reads or writes files"),
     (r"gradebook|\bsolutions/|\bsource/|BEGIN HIDDEN", "mentions the grader's files"),
     # (the student side's public helpers are not: setup, hand-in, graphs, show_saved, the diagnosis cases)
-    (r"\bautograder\b(?!\.student(\.handin|\.saved|\.gradcheck)? import (setup|hand_in|graphs|show_saved|diagnosis_cases)\s*$)",
+    (r"\bautograder\b(?!\.student(\.handin|\.saved|\.gradcheck)? import "
+     r"(setup|hand_in|graphs|show_saved|diagnosis_cases)\s*$)",
      "reaches into the course's grading code"),
 ]
 # What asks autograd for a gradient, and what hides the calls a backward makes (a call's
@@ -52,7 +58,8 @@ class Finding:
 
 def scan(cells: list, released: list) -> list[Finding]:
     """Findings in the code cells of a submission that are not in the released notebook."""
-    given = {line.strip() for cell in released if cell.get("cell_type") == "code" for line in _source(cell).splitlines()}
+    given = {line.strip() for cell in released if cell.get("cell_type") == "code"
+             for line in _source(cell).splitlines()}
     found: list[Finding] = []
     parsed: list[tuple[str, ast.Module, list[str], set[int]]] = []
     for index, cell in enumerate(cells):
@@ -176,7 +183,9 @@ def _assigned(node: ast.AST) -> list[ast.expr]:
         return [node.target]
     if isinstance(node, ast.Delete):
         return [t for t in node.targets if isinstance(t, (ast.Attribute, ast.Subscript))]
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr") and node.args:
+    if isinstance(node,
+                  ast.Call) and isinstance(node.func,
+                                           ast.Name) and node.func.id in ("setattr", "delattr") and node.args:
         return [node.args[0]]
     return []
 

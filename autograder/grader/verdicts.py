@@ -27,9 +27,9 @@ import torch
 from nbgrader.utils import get_partial_grade
 
 from ..checks import evidence, inputs
-from ..student import probe
 from ..checks.remote import Remote, RemoteError, Transport
 from ..checks.shared_state import process_wide
+from ..student import probe
 from ..student.serve import resolve
 from . import syntax
 from .records import Verdict, cut

@@ -21,13 +21,11 @@ from nbgrader.preprocessors import CheckCellMetadata, Execute
 from nbgrader.utils import rmtree
 from traitlets.config import Config
 
-from . import gradebook
-from .feedback import hide_test_tracebacks
-from . import preflight
+from . import gradebook, preflight
 from .discover import Submission
+from .feedback import hide_test_tracebacks
 from .prepare import QUIET
 from .results import NotebookResult
-
 
 
 class Writer:

@@ -1,1 +1,2 @@
-"""The sandbox student code runs in: bubblewrap namespaces, Landlock, resource limits, and what the sandbox lets a worker see."""
+"""The sandbox student code runs in: bubblewrap namespaces, Landlock, resource limits, and what
+the sandbox lets a worker see."""

@@ -1,13 +1,14 @@
 """What a forked child does to itself before any student code runs.
 
-In order: its own session (so it can be killed as a group), no inherited descriptors
-but its channel, the worker's own unprivileged user when the grader runs as root
-(RLIMIT_NPROC does not apply to root, and counts per user), a fresh scratch directory that is its home and temp directory,
-hard resource limits, and Landlock: read only the system and Python, write only the
-scratch directory, no TCP, no signals to processes outside (where the kernel has it).
-With a GPU, CUDA starts before the limits: it reserves tens of GiB of address space at
-once, which the address-space limit (what the worker maps, plus the memory budget) would
-refuse; the budget then bounds what the notebook maps beyond that.
+In order: its own session (so it can be killed as a group), no inherited descriptors but
+its channel, the worker's own unprivileged user when the grader runs as root
+(RLIMIT_NPROC does not apply to root, and counts per user), a fresh scratch directory
+that is its home and temp directory, hard resource limits, and Landlock: read only the
+system and Python, write only the scratch directory, no TCP, no signals to processes
+outside (where the kernel has it). With a GPU, CUDA starts before the limits: it
+reserves tens of GiB of address space at once, which the address-space limit (what the
+worker maps, plus the memory budget) would refuse; the budget then bounds what the
+notebook maps beyond that.
 """
 from __future__ import annotations
 

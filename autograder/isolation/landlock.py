@@ -80,7 +80,8 @@ def _allow(libc, ruleset: int, path: str, rights: int) -> None:
         if not os.path.isdir(path):
             rights &= _FILE_RIGHTS
         rule = struct.pack("=Qi", rights, fd)  # struct landlock_path_beneath_attr is packed
-        if libc.syscall(_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH), ctypes.c_char_p(rule), ctypes.c_uint32(0)) != 0:
+        if libc.syscall(_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH), ctypes.c_char_p(rule),
+                        ctypes.c_uint32(0)) != 0:
             raise OSError(ctypes.get_errno(), f"landlock_add_rule failed for {path}")
     finally:
         os.close(fd)

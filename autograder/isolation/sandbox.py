@@ -2,8 +2,9 @@
 
 In the bubblewrap sandbox a worker sees the system directories and the Python
 installation read-only, and nothing of the course (no solutions/, no gradebook, no other
-submissions) nor of this package's checks and grader (only `VISIBLE`); it has no network, its own process, IPC and hostname namespaces, and two
-small private tmpfs: one for its own state, one for its notebooks' scratch directories.
+submissions) nor of this package's checks and grader (only `VISIBLE`); it has no network,
+its own process, IPC and hostname namespaces, and two small private tmpfs: one for its own
+state, one for its notebooks' scratch directories.
 Where the machine has an NVIDIA GPU that torch can use, it is passed in: its device nodes,
 and read-only the directories of its driver libraries outside the system directories
 (`gpu`); nothing else is widened.
@@ -31,7 +32,8 @@ from . import landlock
 from .limits import WorkerConfig
 
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd", "group", "nsswitch.conf", "localtime", "fonts", "alternatives")
+ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd", "group", "nsswitch.conf", "localtime", "fonts",
+       "alternatives")
 STATE, SCRATCH = "/var/worker", "/tmp"  # inside the sandbox
 SCRATCH_BYTES = 512 << 20  # all scratch directories of one worker together
 # As root, worker k runs its notebooks as uid/gid FIRST_UID + k: unprivileged, and its own,

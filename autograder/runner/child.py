@@ -4,11 +4,12 @@ Requests arrive one at a time on the child's channel, each with an id that its r
 repeat: "execute" runs a run of the notebook's own cells, one after the other (never a
 test cell: those run in the grader), and replies with each cell's outputs as soon as it
 has run; "exit" ends the process. The grader sends the cells up to the next test cell
-only, so code never sees a test cell before it has been judged. At each test cell the grader judges in its own process: "restore" puts back what the
-notebook changed in the modules the probes rely on (and says what that was), then each
-"probe" asks for numbers from the student's objects (:mod:`autograder.student.serve`);
-while a probe runs, the course's code may put a "question" to the grader
-(:func:`autograder.student.probe.ask`), answered on the same channel under the probe's id.
+only, so code never sees a test cell before it has been judged. At each test cell the
+grader judges in its own process: "restore" puts back what the notebook changed in the
+modules the probes rely on (and says what that was), then each "probe" asks for numbers
+from the student's objects (:mod:`autograder.student.serve`); while a probe runs, the
+course's code may put a "question" to the grader (:func:`autograder.student.probe.ask`),
+answered on the same channel under the probe's id.
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ REQUEST_LIMIT = 64 << 20  # the grader's requests (cell sources, later tensors)
 ANSWER_LIMIT = 4 << 20  # bytes of tensors in one answer; a larger one is answered with an error
 
 
-def main(channel_fd: int, config: WorkerConfig, limits: Limits, files: dict[str, bytes], shell: InteractiveShell) -> None:
+def main(channel_fd: int, config: WorkerConfig, limits: Limits, files: dict[str, bytes],
+         shell: InteractiveShell) -> None:
     """Never returns: the process ends with os._exit."""
     code = 0
     try:
@@ -70,7 +72,7 @@ def serve(channel: Channel, handlers: dict[str, Handler]) -> None:
         request, buffers, _ = channel.receive()
         if request.get("op") == "exit":
             return
-        handlers[request["op"]](request, buffers, lambda reply, reply_buffers: channel.send(
+        handlers[request["op"]](request, buffers, lambda reply, reply_buffers, request=request: channel.send(
             {**reply, "id": request.get("id")}, reply_buffers))
 
 
@@ -84,7 +86,8 @@ def _execute(shell: InteractiveShell, request: dict, buffers: list[bytes], reply
         started = time.process_time()
         shell.execution_count = cell["count"]  # the grader numbers every code cell, test cells too
         outputs, count = kernel.execute(shell, cell["code"])
-        reply({"op": "executed", "outputs": outputs, "execution_count": count, "cpu": time.process_time() - started}, [])
+        reply({"op": "executed", "outputs": outputs, "execution_count": count, "cpu": time.process_time() - started},
+              [])
 
 
 def _probe(channel: Channel, shell: InteractiveShell, answer_request: Callable, asking_over: Callable,

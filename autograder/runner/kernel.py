@@ -98,7 +98,8 @@ class Recorder:
             return  # past the budget, one error per cell (what scores it)
         self.budget = max(self.budget - STRUCTURE, 0)
         text = self._spend("\n".join(traceback))
-        self._append({"output_type": "error", "ename": ename[:KEPT], "evalue": evalue[:KEPT], "traceback": text.split("\n")})
+        self._append({"output_type": "error", "ename": ename[:KEPT], "evalue": evalue[:KEPT],
+                      "traceback": text.split("\n")})
 
     def clear(self, wait: bool) -> None:
         if wait:
@@ -171,7 +172,8 @@ class _DisplayHook(DisplayHook):
     """The value of a cell's last expression, as an execute_result."""
 
     def start_displayhook(self) -> None:
-        self._result = {"output_type": "execute_result", "execution_count": self.prompt_count, "data": {}, "metadata": {}}
+        self._result = {"output_type": "execute_result", "execution_count": self.prompt_count, "data": {},
+                        "metadata": {}}
 
     def write_output_prompt(self) -> None:
         pass

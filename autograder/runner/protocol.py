@@ -98,7 +98,8 @@ class Channel:
         if not isinstance(message, dict) or not _lengths(lengths) or not _lengths(text_lengths):
             raise ProtocolError("message is not a JSON object with lists of buffer lengths")
         if size + sum(lengths) + sum(text_lengths) > self.limit:
-            raise ProtocolError(f"message of {size + sum(lengths) + sum(text_lengths)} bytes exceeds the limit of {self.limit}")
+            raise ProtocolError(f"message of {size + sum(lengths) + sum(text_lengths)} bytes exceeds the "
+                                f"limit of {self.limit}")
         buffers = [self._read(n, fds) for n in lengths]
         texts = [self._read(n, fds) for n in text_lengths]
         return _restore(message, texts), buffers, fds

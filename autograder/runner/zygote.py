@@ -25,8 +25,8 @@ import threading
 import time
 
 from ..isolation import confine
-from . import child, kernel
 from ..isolation.limits import Limits, WorkerConfig
+from . import child, kernel
 from .protocol import Channel
 
 
@@ -132,7 +132,8 @@ def _compile_once() -> None:
     torch._dynamo.reset()  # children start with nothing compiled
 
 
-def _run(control: Channel, config: WorkerConfig, message: dict, buffers: list[bytes], fds: list[int], wake: int, shell) -> None:
+def _run(control: Channel, config: WorkerConfig, message: dict, buffers: list[bytes], fds: list[int], wake: int,
+         shell) -> None:
     (channel_fd,) = fds
     limits = Limits.from_message(message["limits"])
     files = dict(zip(message["files"], buffers))

@@ -57,10 +57,14 @@ def take() -> list[str]:
     (removed: the grader's probes run next)."""
     found = list(_seen)
     _seen.clear()
-    for kind, installed, remove in (("trace", sys.gettrace(), sys.settrace), ("profile", sys.getprofile(), sys.setprofile),
-                                    ("thread trace", threading._trace_hook, threading.settrace),  # type: ignore[attr-defined]
-                                    ("thread profile", threading._profile_hook, threading.setprofile)):  # type: ignore[attr-defined]
+    for kind, installed, remove in (("trace", sys.gettrace(), sys.settrace),
+                                    ("profile", sys.getprofile(), sys.setprofile),
+                                    ("thread trace", threading._trace_hook,
+                                     threading.settrace),  # type: ignore[attr-defined]
+                                    ("thread profile", threading._profile_hook,
+                                     threading.setprofile)):  # type: ignore[attr-defined]
         if installed is not None:
-            found.append(f"a {kind} function was installed ({getattr(installed, '__qualname__', type(installed).__name__)})")
+            found.append(f"a {kind} function was installed "
+                         f"({getattr(installed, '__qualname__', type(installed).__name__)})")
             remove(None)
     return found

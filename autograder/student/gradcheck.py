@@ -23,7 +23,8 @@ def _handed(name: str, fn: Callable) -> Callable:
     return probe.reference(f"{__name__}:{name}", fn)
 
 
-def _torch_numerical_jacobian(f: Callable, inputs: Sequence[torch.Tensor], eps: float = 1e-6) -> list[list[torch.Tensor]]:
+def _torch_numerical_jacobian(f: Callable, inputs: Sequence[torch.Tensor],
+                              eps: float = 1e-6) -> list[list[torch.Tensor]]:
     """numerical_jacobian's layout (J[i][j]: output i, input j) from torch's own central
     differences, which stand in for the notebook's while mini_gradcheck is graded."""
     leaves = tuple(x.detach().clone().requires_grad_() for x in inputs)

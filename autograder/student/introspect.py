@@ -151,7 +151,8 @@ class BackwardFacts:
         return sum(n for name, n in self.calls.items() if name in MATMULS)
 
 
-def record_backward(function: type[torch.autograd.Function], args: tuple, used: list[int] | None = None) -> BackwardFacts:
+def record_backward(function: type[torch.autograd.Function], args: tuple,
+                    used: list[int] | None = None) -> BackwardFacts:
     """Apply `function` to `args` (tensors keep their requires_grad), run backward with
     gradients of ones for its outputs (for the outputs numbered in `used` only, if given:
     the others are left unused), and report what its backward did.
@@ -187,6 +188,7 @@ def _record_backward(function: type[torch.autograd.Function], args: tuple, used:
         return {"calls": dict(record.calls), "returned": [], "error": error}
     first = record.returned[0] if record.returned else ()
     first = first if isinstance(first, tuple) else (first,)
-    returned = [None if g is None else list(g.shape) if isinstance(g, torch.Tensor) else type(g).__name__ for g in first]
+    returned = [None if g is None else list(g.shape) if isinstance(g,
+                                                                   torch.Tensor) else type(g).__name__ for g in first]
     received = record.received[0] if record.received else []
     return {"calls": dict(record.calls), "returned": returned, "error": None, "received_none": received}

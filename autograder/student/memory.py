@@ -67,7 +67,8 @@ class SavedEntry:
 
     def __str__(self) -> str:
         kept = "" if self.kept_nbytes == self.nbytes else f", kept as {human(self.kept_nbytes)}"
-        return f"{'leaf ' if self.leaf else ''}{str(self.dtype).removeprefix('torch.')} {self.shape}: {human(self.nbytes)}{kept}"
+        return (f"{'leaf ' if self.leaf else ''}{str(self.dtype).removeprefix('torch.')} {self.shape}: "
+                f"{human(self.nbytes)}{kept}")
 
 
 def _tensors_in(value: Any) -> Iterator[torch.Tensor]:

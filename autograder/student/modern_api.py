@@ -255,7 +255,8 @@ def forward_ad(fn: Any, args: tuple, tangent_sets: list, hessian_weights: list |
         scalar = _inner(fn, hessian_weights)
         first = slots[0]
         try:
-            found["hessian"] = torch.func.hessian(lambda t: scalar(*with_tensors(args, [first], [t])))(args[first]).detach()
+            found["hessian"] = torch.func.hessian(lambda t: scalar(*with_tensors(args, [first],
+                                                                                 [t])))(args[first]).detach()
         except Exception as exc:  # the student's code may raise anything
             found["hessian_error"] = _error("torch.func.hessian", exc)
     return found

@@ -18,7 +18,6 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-
 MESSAGE = 2000  # characters of an error message reported
 
 

@@ -49,7 +49,8 @@ def show(value: object, *, limit: int = 12) -> str:
     t = value.detach().cpu()
     dtype = "" if t.dtype in _PLAIN_DTYPES else f", dtype={t.dtype}"
     if t.numel() > limit:
-        return f"tensor([{', '.join(map(_number, t.flatten()[:limit].tolist()))}, ...]{dtype}) of shape {tuple(t.shape)}"
+        return (f"tensor([{', '.join(map(_number, t.flatten()[:limit].tolist()))}, ...]{dtype}) of shape "
+                f"{tuple(t.shape)}")
     return f"tensor({_nested(t.tolist())}{dtype})"
 
 

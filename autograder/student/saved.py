@@ -322,7 +322,8 @@ def _root(ref: Any, child: Any, held: dict[int, Any]) -> str | None:
             names = [n for n, c in zip(ref.__code__.co_freevars, ref.__closure__) if c is cell]
             outer = ref.__qualname__.rsplit(".<locals>.", 1)[0] if ".<locals>." in ref.__qualname__ else None
             return (f"the variable `{names[0] if names else '?'}` of "
-                    + (f"`{outer}`, which the functions it defines keep (a closure)" if outer else "an enclosing function"))
+                    + (f"`{outer}`, which the functions it defines keep (a closure)" if outer
+                       else "an enclosing function"))
     return None
 
 

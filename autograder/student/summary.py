@@ -30,7 +30,8 @@ from .probe import first_line
 from .report import CheckFailed, quiet, undefined
 
 GRADING = "Summary: this notebook is being graded, and the grader runs every check itself."
-NO_KERNEL = "Summary: it runs in a notebook's kernel (JupyterLab, Colab); here, pass the names: summary(slug, namespace)."
+NO_KERNEL = ("Summary: it runs in a notebook's kernel (JupyterLab, Colab); here, pass the names: "
+             "summary(slug, namespace).")
 NO_CHECKS = "Summary: the course's checks are not installed here (run the setup cell first)."
 
 KEYS_MODULE = "autograder.checks.quiz_keys"  # every quiz's key: only in a self-study edition of the student package

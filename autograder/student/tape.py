@@ -91,7 +91,8 @@ class Program:
                        tuple(map(int, size)), None if loss is None else int(loss))
 
     def listing(self) -> str:
-        lines = [f"v{self.leaves + k} = {op}({', '.join(f'v{a}' for a in args)})" for k, (op, args) in enumerate(self.steps)]
+        lines = [f"v{self.leaves + k} = {op}({', '.join(f'v{a}' for a in args)})"
+                 for k, (op, args) in enumerate(self.steps)]
         loss = f"L = v{self.loss}" if self.loss is not None else f"L = sum(v{self.leaves + len(self.steps) - 1})"
         return "; ".join(lines + [loss])
 
@@ -145,7 +146,8 @@ class Tape:
 
     def ops(self) -> dict[str, Callable[..., Any]]:
         """The notebook's operations (the student's or stand-ins), plus those of the grad checks."""
-        found = {name: self.ns[f"operator_{name}"] for name in (*NOTEBOOK_OPS, "exp_mul") if f"operator_{name}" in self.ns}
+        found = {name: self.ns[f"operator_{name}"] for name in (*NOTEBOOK_OPS,
+                                                                "exp_mul") if f"operator_{name}" in self.ns}
         return {**found, "first": stand_in(self, "first"), "sentinel": self._sentinel, "pair": self._pair}
 
     def _sentinel(self, a):
@@ -400,7 +402,8 @@ def _entry_case(tape: Tape, recorder: "Recorder", case: dict) -> dict:
         out["result"] = at
         others = iter(range(1, len(case["grads"])))
         given = [0 if j == at else next(others, None) for j in range(len(outputs))]
-        alone = ([i if j == k else None for j, i in enumerate(given)] for k in [at, *(j for j in range(len(given)) if j != at)])
+        alone = ([i if j == k else None for j, i in enumerate(given)]
+                 for k in [at, *(j for j in range(len(given)) if j != at)])
         patterns = [given] if len(given) == 1 else [p for p in [*alone, given] if any(i is not None for i in p)]
         stage = "propagate"
         for pattern in patterns:

@@ -173,7 +173,7 @@ def draw_tape(
 
     # text
     text_lines = [title] if title else []
-    for k, e in enumerate(entries):
+    for e in entries:
         tag = "  [backward]" if id(e) in backward else ""
         number = f"#{position[id(e)]} " if id(e) in position else ""
         text_lines.append(f"{number}{', '.join(e.outputs)} = {e.op}({', '.join(e.inputs)}){tag}")

@@ -172,6 +172,7 @@ def _itemsize(dtype: torch.dtype) -> int:
 
 
 def _shape(shape: Any) -> list[int]:
-    if not isinstance(shape, list) or len(shape) > 16 or not all(isinstance(n, int) and 0 <= n < 1 << 31 for n in shape):
+    if not isinstance(shape,
+                      list) or len(shape) > 16 or not all(isinstance(n, int) and 0 <= n < 1 << 31 for n in shape):
         raise WireError("malformed shape")
     return shape

@@ -145,7 +145,7 @@ _VMAP_RULE = '''
         safe = torch.where(valid, target, 0)
         row_weight = valid.to(logits.dtype) if weight is None else weight.take(safe) * valid
         return per_sample / row_weight.reshape(info.batch_size, -1).sum(1), 0
-'''
+'''  # noqa: E501  (a student's code as written)
 
 _VMAP_AT_ZERO = '''
     @staticmethod
@@ -172,7 +172,7 @@ _VMAP_FOLDED = '''
             return SoftmaxCrossEntropy.apply(logits, target, weight, "none", ignore_index), 0
         loss = SoftmaxCrossEntropy.apply(logits, target, weight, reduction, ignore_index)  # one for the whole batch
         return loss.expand(info.batch_size), 0
-'''
+'''  # noqa: E501  (a student's code as written)
 
 
 def _with_vmap(rule: str) -> str:
@@ -586,27 +586,32 @@ MUTANTS = [
            "ctx.save_for_backward(torch.softmax(logits, -1), target, weight)"),
           ("logits, target, weight = ctx.saved_tensors", "probabilities, target, weight = ctx.saved_tensors"),
           ("row_weight = valid.to(logits.dtype) if weight is None else weight.take(safe) * valid\n        scale",
-           "row_weight = valid.to(probabilities.dtype) if weight is None else weight.take(safe) * valid\n        scale"),
+           "row_weight = valid.to(probabilities.dtype) if weight is None else weight.take(safe) * valid\n"
+           "        scale"),
           ("grad = torch.softmax(logits, -1) * scale.unsqueeze(-1)", "grad = probabilities * scale.unsqueeze(-1)")),
     wrong(EX, "the log-probabilities as a second output (double backward right, but N × C kept)", source=_LOGP_OUTPUT),
     wrong(EX, "stashes the logits on ctx (hidden from the hooks, kept all the same)",
           ("ctx.save_for_backward(logits, target, weight)  # inputs only: nothing new is kept",
            "ctx.save_for_backward(target, weight)\n        ctx.logits = logits"),
-          ("logits, target, weight = ctx.saved_tensors", "target, weight = ctx.saved_tensors\n        logits = ctx.logits")),
+          ("logits, target, weight = ctx.saved_tensors",
+           "target, weight = ctx.saved_tensors\n        logits = ctx.logits")),
     wrong(EX, "keeps the softmax in a class attribute for backward (hidden from ctx, kept all the same)",
           ("ctx.save_for_backward(logits, target, weight)  # inputs only: nothing new is kept",
-           "ctx.save_for_backward(logits, target, weight)\n        SoftmaxCrossEntropy.softmax = torch.softmax(logits, -1)"),
+           "ctx.save_for_backward(logits, target, weight)\n"
+           "        SoftmaxCrossEntropy.softmax = torch.softmax(logits, -1)"),
           ("grad = torch.softmax(logits, -1) * scale.unsqueeze(-1)",
            "grad = SoftmaxCrossEntropy.softmax * scale.unsqueeze(-1)")),
     wrong(EX, "keeps the logits in a module global (never given back)",
           ("ctx.save_for_backward(logits, target, weight)  # inputs only: nothing new is kept",
            "ctx.save_for_backward(target, weight)\n        global LOGITS\n        LOGITS = logits"),
-          ("logits, target, weight = ctx.saved_tensors", "target, weight = ctx.saved_tensors\n        logits = LOGITS")),
+          ("logits, target, weight = ctx.saved_tensors",
+           "target, weight = ctx.saved_tensors\n        logits = LOGITS")),
     wrong(EX, "keeps the last logits in a default-argument cache of the wrapper (never given back)",
           ('def fused_cross_entropy(logits, target, weight=None, reduction="mean", ignore_index=-100):',
            'def fused_cross_entropy(logits, target, weight=None, reduction="mean", ignore_index=-100, _cache={}):'),
           ("    return SoftmaxCrossEntropy.apply(logits, target, weight, reduction, ignore_index)",
-           '    _cache["logits"] = logits\n    return SoftmaxCrossEntropy.apply(logits, target, weight, reduction, ignore_index)')),
+           '    _cache["logits"] = logits\n'
+           '    return SoftmaxCrossEntropy.apply(logits, target, weight, reduction, ignore_index)')),
     # Double backward
     wrong(EX, "saves each row's log-sum-exp and uses exp(logits - lse): right once, wrong twice",
           ("ctx.save_for_backward(logits, target, weight)  # inputs only: nothing new is kept",
@@ -728,12 +733,14 @@ MUTANTS = [
           ("scale = grad_output * valid  # one number per row, 0 where ignored", "scale = valid.to(hidden.dtype)")),
     wrong(LINEAR, "drops the last, shorter chunk",
           ("for rows in torch.arange(hidden.shape[0], device=hidden.device).split(chunk_size):",
-           "for rows in torch.arange(hidden.shape[0], device=hidden.device).split(chunk_size)[: hidden.shape[0] // chunk_size]:"),
+           "for rows in torch.arange(hidden.shape[0], device=hidden.device).split(chunk_size)[: "
+           "hidden.shape[0] // chunk_size]:"),
           ("for rows in torch.arange(hidden.shape[0], device=hidden.device).split(ctx.chunk_size):",
            "for rows in torch.arange(hidden.shape[0], device=hidden.device).split(ctx.chunk_size)"
            "[: hidden.shape[0] // ctx.chunk_size]:")),
     wrong(LINEAR, "sums the loss in float64 (a float32 input gives a float64 loss)",
-          ("            return losses.sum()\n        return", "            return losses.double().sum()\n        return")),
+          ("            return losses.sum()\n        return",
+           "            return losses.double().sum()\n        return")),
 ]
 
 VARIANTS = [

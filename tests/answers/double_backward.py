@@ -69,14 +69,16 @@ MUTANTS = [
     wrong("sinh_fixed", "keeps the intermediates on ctx (SinhBad)", source=_SINH_SAVE.format(
         save="ctx.expx, ctx.expnegx = expx, expnegx", load="expx, expnegx = ctx.expx, ctx.expnegx")),
     wrong("sinh_fixed", "adds @once_differentiable",
-          ("    @staticmethod\n    def backward", "    @staticmethod\n    @torch.autograd.function.once_differentiable\n    def backward")),
+          ("    @staticmethod\n    def backward",
+           "    @staticmethod\n    @torch.autograd.function.once_differentiable\n    def backward")),
     wrong("sinh_fixed", "ignores grad_output",
           ("return grad_out * (torch.exp(x) + torch.exp(-x)) / 2", "return (torch.exp(x) + torch.exp(-x)) / 2")),
     wrong("sinh_fixed", "detaches the saved input in backward",
           ("(x,) = ctx.saved_tensors", "x = ctx.saved_tensors[0].detach()")),
     wrong("sinh_fixed", "computes cosh under torch.no_grad()",
           ("return grad_out * (torch.exp(x) + torch.exp(-x)) / 2  # recomputed, so recorded",
-           "with torch.no_grad():\n            cosh = (torch.exp(x) + torch.exp(-x)) / 2\n        return grad_out * cosh")),
+           "with torch.no_grad():\n            cosh = (torch.exp(x) + torch.exp(-x)) / 2\n"
+           "        return grad_out * cosh")),
     wrong("sinh_fixed", "reads x.data in backward",
           ("(x,) = ctx.saved_tensors", "x = ctx.saved_tensors[0].data")),
     wrong("sinh_fixed", "cosh computed by NumPy", source='''
@@ -123,14 +125,16 @@ class SinhFixed(torch.autograd.Function):
     # SinhWithIntermediates (the PyTorch tutorial's fix)
     wrong("sinh_intermediates", "leaves out the extra outputs' gradients (passes gradcheck of out alone)",
           (_EXTRA_TERMS, "return grad_x")),
-    wrong("sinh_intermediates", "sign of the exp(-x) term", (_EXTRA_TERMS, "return grad_x + grad_expx * expx + grad_expnegx * expnegx")),
+    wrong("sinh_intermediates", "sign of the exp(-x) term",
+          (_EXTRA_TERMS, "return grad_x + grad_expx * expx + grad_expnegx * expnegx")),
     wrong("sinh_intermediates", "multiplies grad_expx by the wrong exponential",
           (_EXTRA_TERMS, "return grad_x + grad_expx * expnegx - grad_expnegx * expx")),
     wrong("sinh_intermediates", "saves copies of the outputs (intermediates again)",
           ("ctx.save_for_backward(expx, expnegx)  # saved, and returned below: outputs",
            "ctx.save_for_backward(expx.clone(), expnegx.clone())")),
     wrong("sinh_intermediates", "returns detached copies, so the saved tensors are not the outputs",
-          ("return (expx - expnegx) / 2, expx, expnegx", "return (expx - expnegx) / 2, expx.detach(), expnegx.detach()")),
+          ("return (expx - expnegx) / 2, expx, expnegx",
+           "return (expx - expnegx) / 2, expx.detach(), expnegx.detach()")),
     wrong("sinh_intermediates", "marks the extra outputs non-differentiable",
           ("ctx.save_for_backward(expx, expnegx)  # saved, and returned below: outputs",
            "ctx.save_for_backward(expx, expnegx)\n        ctx.mark_non_differentiable(expx, expnegx)")),
@@ -143,8 +147,9 @@ class SinhFixed(torch.autograd.Function):
                  "        return grad_out * (expx + expnegx) / 2 + grad_expx * expx - grad_expnegx * expnegx")),
     wrong("sinh_intermediates", "adds the extra terms into grad_out in place", source=_SINH_INTERMEDIATES.format(
         forward=_TUTORIAL_FORWARD,
-        backward="expx, expnegx = ctx.saved_tensors\n        grad_out += 2 * (grad_expx * expx - grad_expnegx * expnegx)"
-                 " / (expx + expnegx)\n        return grad_out * (expx + expnegx) / 2")),
+        backward="expx, expnegx = ctx.saved_tensors\n"
+                 "        grad_out += 2 * (grad_expx * expx - grad_expnegx * expnegx) / (expx + expnegx)\n"
+                 "        return grad_out * (expx + expnegx) / 2")),
     wrong("sinh_intermediates", "stashes the exponentials on ctx", source=_SINH_INTERMEDIATES.format(
         forward="ctx.expx, ctx.expnegx = expx, expnegx\n        return (expx - expnegx) / 2, expx, expnegx",
         backward="expx, expnegx = ctx.expx, ctx.expnegx\n"
@@ -171,9 +176,11 @@ class SinhFixed(torch.autograd.Function):
     wrong("cube_backward", "marks its backward @once_differentiable",
           ("    @staticmethod\n    def backward(ctx, grad):",
            "    @staticmethod\n    @torch.autograd.function.once_differentiable\n    def backward(ctx, grad):")),
-    wrong("cube_backward", "detaches the saved x", ("grad_out, x = ctx.saved_tensors", "grad_out, x = ctx.saved_tensors\n"
+    wrong("cube_backward", "detaches the saved x",
+          ("grad_out, x = ctx.saved_tensors", "grad_out, x = ctx.saved_tensors\n"
                                                    "        x = x.detach()")),
-    wrong("cube_backward", "6x² / x: nan at x = 0", ("grad_x = grad * grad_out * 6 * x", "grad_x = grad * grad_out * 6 * x**2 / x")),
+    wrong("cube_backward", "6x² / x: nan at x = 0",
+          ("grad_x = grad * grad_out * 6 * x", "grad_x = grad * grad_out * 6 * x**2 / x")),
     wrong("sinh_fixed", "backward through a helper Function whose backward uses NumPy", source=_COSH_TIMES.format(
         decorator="", sinh="torch.as_tensor(np.sinh(x.detach().cpu().numpy()), device=x.device)")),
     wrong("sinh_fixed", "backward through a helper Function marked @once_differentiable", source=_COSH_TIMES.format(
@@ -250,8 +257,8 @@ class SinhFixed(torch.autograd.Function):
           source=_SINH_INTERMEDIATES.format(
               forward="ctx.set_materialize_grads(False)\n        " + _TUTORIAL_FORWARD,
               backward="expx, expnegx = ctx.saved_tensors\n        grad_x = None\n"
-                       "        for g, d in ((grad_out, (expx + expnegx) / 2), (grad_expx, expx), (grad_expnegx, -expnegx)):\n"
-                       "            if g is not None:\n"
+                       "        for g, d in ((grad_out, (expx + expnegx) / 2), (grad_expx, expx), "
+                       "(grad_expnegx, -expnegx)):\n            if g is not None:\n"
                        "                grad_x = g * d if grad_x is None else grad_x + g * d\n"
                        "        return grad_x")),
     right("sinh_intermediates", "the tutorial's in-place accumulation into its own new tensor",

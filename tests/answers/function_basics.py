@@ -19,7 +19,8 @@ MUTANTS = [
     wrong("clipped_relu", "no None for the non-tensor clip",
           ("return grad_output * inside, None", "return grad_output * inside")),
     wrong("clipped_relu", "mask built on the CPU",
-          ("return grad_output * inside, None", "return grad_output * inside * torch.ones(x.shape, dtype=x.dtype), None")),
+          ("return grad_output * inside, None",
+           "return grad_output * inside * torch.ones(x.shape, dtype=x.dtype), None")),
     wrong("clipped_relu", "clamps the input in place",
           ("return x.clamp(0, clip)", "return x.clamp_(0, clip)")),
     wrong("clipped_relu", "asks autograd for the gradient", source='''
@@ -122,7 +123,8 @@ class ClippedReLU(torch.autograd.Function):
            "            if ctx.needs_input_grad[1]:\n                grad_theta = -grad_x * r * sin\n",
            "            grad_r = grad_x * cos\n            grad_theta = -grad_x * r * sin\n"),
           ("            if ctx.needs_input_grad[0]:\n                grad_r = add_optional(grad_r, grad_y * sin)\n"
-           "            if ctx.needs_input_grad[1]:\n                grad_theta = add_optional(grad_theta, grad_y * r * cos)\n",
+           "            if ctx.needs_input_grad[1]:\n"
+           "                grad_theta = add_optional(grad_theta, grad_y * r * cos)\n",
            "            grad_r = add_optional(grad_r, grad_y * sin)\n"
            "            grad_theta = add_optional(grad_theta, grad_y * r * cos)\n")),
     wrong("polar_to_cartesian", "gradients in the wrong order",
@@ -161,10 +163,12 @@ class PolarToCartesian(torch.autograd.Function):
           ("grad_weight = grad_output.T @ input",
            "grad_weight = torch.from_numpy(grad_output.detach().cpu().numpy().T @ input.detach().cpu().numpy())")),
     wrong("polar_to_cartesian", "cos and sin of a detached theta",
-          ("cos, sin = torch.cos(theta), torch.sin(theta)", "cos, sin = torch.cos(theta.detach()), torch.sin(theta.detach())")),
+          ("cos, sin = torch.cos(theta), torch.sin(theta)",
+           "cos, sin = torch.cos(theta.detach()), torch.sin(theta.detach())")),
     # 3.4 When to write a Function
     wrong("when_to_write", "thinks autograd follows numpy", ('"b": "function"', '"b": "composite"')),
-    wrong("when_to_write", "a composite native op still needs a formula", ('"e": "composite"', '"e": "derivatives.yaml"')),
+    wrong("when_to_write", "a composite native op still needs a formula",
+          ('"e": "composite"', '"e": "derivatives.yaml"')),
     wrong("when_to_write", "thinks the detach trick still needs a Function", ('"d": "composite"', '"d": "function"')),
     wrong("when_to_write", "thinks a composite can clip the gradient", ('"g": "function"', '"g": "composite"')),
 ]

@@ -13,7 +13,8 @@ MUTANTS = [
     wrong("hvp", "differentiates the squared gradient", (SECOND_GRAD, "(Hv,) = grad((g * g).sum(), [x])")),
     wrong("tape_reading", "blames b", ('"escaped": "t"', '"escaped": "b"')),
     wrong("tape_reading", "thinks the entry was skipped", ('"why_none": "escape"', '"why_none": "skipped"')),
-    wrong("tape_reading", "thinks first order is wrong too", ('"first_order_right": "yes"', '"first_order_right": "no"')),
+    wrong("tape_reading", "thinks first order is wrong too",
+          ('"first_order_right": "yes"', '"first_order_right": "no"')),
     wrong("exp_mul", "the escaping intermediate", source='''
 def operator_exp_mul(a, b):
     t = Variable(a.value.exp())
@@ -26,12 +27,16 @@ def operator_exp_mul(a, b):
     record("exp_mul", [a, b], [r], propagate)
     return r
 '''),
-    wrong("exp_mul", "ignores the gradient arriving at t", (TOTAL, "dL_dt_total = None if dL_dr is None else dL_dr * b")),
+    wrong("exp_mul", "ignores the gradient arriving at t",
+          (TOTAL, "dL_dt_total = None if dL_dr is None else dL_dr * b")),
     wrong("exp_mul", "adds None gradients", (TOTAL, "dL_dt_total = dL_dt + dL_dr * b")),
-    wrong("exp_mul", "gradient of b uses b", ("dL_db = None if dL_dr is None else dL_dr * t", "dL_db = None if dL_dr is None else dL_dr * b")),
+    wrong("exp_mul", "gradient of b uses b",
+          ("dL_db = None if dL_dr is None else dL_dr * t", "dL_db = None if dL_dr is None else dL_dr * b")),
     # Right to first order, not differentiable again: a value that escapes the tape.
-    wrong("exp_mul", "a fresh Variable of t inside propagate", (DA, "dL_da = None if dL_dt_total is None else dL_dt_total * Variable(t.value)")),
-    wrong("exp_mul", "recomputes t from a.value inside propagate", (DB, "dL_db = None if dL_dr is None else dL_dr * Variable(a.value.exp())")),
+    wrong("exp_mul", "a fresh Variable of t inside propagate",
+          (DA, "dL_da = None if dL_dt_total is None else dL_dt_total * Variable(t.value)")),
+    wrong("exp_mul", "recomputes t from a.value inside propagate",
+          (DB, "dL_db = None if dL_dr is None else dL_dr * Variable(a.value.exp())")),
     # Issue 16: zeros where the text asks for None (each kept its points before).
     wrong("exp_mul", "materialises zeros for None gradients", source='''
 def operator_exp_mul(a, b):
@@ -49,11 +54,15 @@ def operator_exp_mul(a, b):
     record("exp_mul", [a, b], [r, t], propagate)
     return r
 '''),
-    wrong("exp_mul", "zeros instead of None for b", (DB, "dL_db = Variable(torch.zeros_like(b.value)) if dL_dr is None else dL_dr * t")),
+    wrong("exp_mul", "zeros instead of None for b",
+          (DB, "dL_db = Variable(torch.zeros_like(b.value)) if dL_dr is None else dL_dr * t")),
     wrong("pytorch_names", "confuses needs_input_grad and set_materialize_grads",
-          ('"b": "set_materialize_grads"', '"b": "needs_input_grad"'), ('"g": "needs_input_grad"', '"g": "set_materialize_grads"')),
-    wrong("pytorch_names", "propagate is grad_fn", ('"f": "backward"', '"f": "grad_fn"'), ('"d": "grad_fn"', '"d": "backward"')),
-    wrong("pytorch_names", "intermediate saved instead of returned", ('"c": "extra output"', '"c": "save_for_backward"')),
+          ('"b": "set_materialize_grads"', '"b": "needs_input_grad"'),
+          ('"g": "needs_input_grad"', '"g": "set_materialize_grads"')),
+    wrong("pytorch_names", "propagate is grad_fn", ('"f": "backward"', '"f": "grad_fn"'),
+          ('"d": "grad_fn"', '"d": "backward"')),
+    wrong("pytorch_names", "intermediate saved instead of returned",
+          ('"c": "extra output"', '"c": "save_for_backward"')),
 ]
 
 VARIANTS = [

@@ -15,8 +15,10 @@ MUTANTS = [
           ("ctx.save_for_backward(positive)", "ctx.positive = positive"),
           ("(positive,) = ctx.saved_tensors", "positive = ctx.positive")),
     wrong("leaky_relu", "saves the derivative as a float tensor",
-          ("ctx.save_for_backward(positive)", "ctx.save_for_backward(torch.where(positive, 1.0, negative_slope).to(x.dtype))"),
-          ("(positive,) = ctx.saved_tensors\n        return torch.where(positive, grad_output, grad_output * ctx.negative_slope), None",
+          ("ctx.save_for_backward(positive)",
+           "ctx.save_for_backward(torch.where(positive, 1.0, negative_slope).to(x.dtype))"),
+          ("(positive,) = ctx.saved_tensors\n"
+           "        return torch.where(positive, grad_output, grad_output * ctx.negative_slope), None",
            "(slope,) = ctx.saved_tensors\n        return grad_output * slope, None")),
     wrong("leaky_relu", "scales grad_output in place (the guide's CustomReLU without its clone)",
           ("return torch.where(positive, grad_output, grad_output * ctx.negative_slope), None",
@@ -77,9 +79,11 @@ class LinearReLU(torch.autograd.Function):
           ("return (None, *(next(grads) if t.requires_grad else None for t in inputs))",
            "return (None, next(grads) if inputs[0].requires_grad else None, *[None] * (len(inputs) - 1))")),
     wrong("manual_checkpoint", "saves the output too",
-          ("        ctx.save_for_backward(*inputs)\n        return run(*inputs)  # forward records nothing: no intermediate of run is kept",
+          ("        ctx.save_for_backward(*inputs)\n"
+           "        return run(*inputs)  # forward records nothing: no intermediate of run is kept",
            "        output = run(*inputs)\n        ctx.save_for_backward(*inputs, output)\n        return output"),
-          ("zip(ctx.saved_tensors, ctx.needs_input_grad[1:])", "zip(ctx.saved_tensors[:-1], ctx.needs_input_grad[1:])")),
+          ("zip(ctx.saved_tensors, ctx.needs_input_grad[1:])",
+           "zip(ctx.saved_tensors[:-1], ctx.needs_input_grad[1:])")),
     wrong("manual_checkpoint", "keeps forward's graph on ctx instead of recomputing", source='''
 class Checkpoint(torch.autograd.Function):
     @staticmethod
@@ -94,7 +98,8 @@ class Checkpoint(torch.autograd.Function):
         return (None, *torch.autograd.grad(ctx.output, ctx.inputs, grad_output))
 ''', flag="asks autograd for the gradient inside backward"),
     wrong("manual_checkpoint", "recomputes from inputs that do not require grad",
-          ("inputs = [t.detach().requires_grad_(needs) for t, needs in zip(ctx.saved_tensors, ctx.needs_input_grad[1:])]",
+          ("inputs = [t.detach().requires_grad_(needs) for t, needs in zip(ctx.saved_tensors, "
+           "ctx.needs_input_grad[1:])]",
            "inputs = [t.detach() for t in ctx.saved_tensors]")),
     wrong("manual_checkpoint", "recomputes without recording (no enable_grad)",
           ("with torch.random.fork_rng(devices=ctx.devices), torch.enable_grad():",
@@ -188,7 +193,8 @@ LinearReLU = _fused_layer()
     wrong("claims", "thinks detach() saves memory", ('"a": "false"', '"a": "true"')),
     wrong("claims", "thinks checkpointing is O(1) memory", ('"c": "false"', '"c": "true"')),
     wrong("claims", "thinks a missing RNG state raises", ('"e": "false"', '"e": "true"')),
-    wrong("claims", "thinks the non-reentrant checkpoint runs the block without recording", ('"i": "false"', '"i": "true"')),
+    wrong("claims", "thinks the non-reentrant checkpoint runs the block without recording",
+          ('"i": "false"', '"i": "true"')),
 ]
 
 VARIANTS = [
@@ -236,13 +242,14 @@ class LinearReLU(torch.autograd.Function):
             g.sum(dim=0) if ctx.needs_input_grad[2] else None,
         )
 '''),
-    right("manual_checkpoint", "the state saved for backward, restored by hand instead of fork_rng, all inputs differentiated",
+    right("manual_checkpoint",
+          "the state saved for backward, restored by hand instead of fork_rng, all inputs differentiated",
           ("        ctx.run = run\n        ctx.devices = sorted({t.device.index or 0 for t in inputs if t.is_cuda})\n"
            "        ctx.states = [torch.get_rng_state(), *(torch.cuda.get_rng_state(d) for d in ctx.devices)]\n"
            "        ctx.save_for_backward(*inputs)\n",
            "        ctx.run = run\n        ctx.save_for_backward(torch.get_rng_state(), *inputs)\n"),
-          ("        inputs = [t.detach().requires_grad_(needs) for t, needs in zip(ctx.saved_tensors, ctx.needs_input_grad[1:])]\n"
-           "        with torch.random.fork_rng(devices=ctx.devices), torch.enable_grad():\n"
+          ("        inputs = [t.detach().requires_grad_(needs) for t, needs in zip(ctx.saved_tensors, "
+           "ctx.needs_input_grad[1:])]\n        with torch.random.fork_rng(devices=ctx.devices), torch.enable_grad():\n"
            "            torch.set_rng_state(ctx.states[0])\n"
            "            for device, state in zip(ctx.devices, ctx.states[1:]):\n"
            "                torch.cuda.set_rng_state(state, device)\n"
@@ -275,8 +282,8 @@ class Checkpoint(torch.autograd.Function):
                 ctx.run(*inputs).backward(grad_output)
         return (None, *(t.grad for t in inputs))
 ''', flag="asks autograd for the gradient inside backward"),
-    right("hooked_checkpoint", "holder objects and a WeakKeyDictionary, as torch does it; no pop, the CPU generator only",
-          source='''
+    right("hooked_checkpoint",
+          "holder objects and a WeakKeyDictionary, as torch does it; no pop, the CPU generator only", source='''
 import weakref
 
 
@@ -314,7 +321,8 @@ def checkpoint_with_hooks(run, *inputs):
 '''),
     right("hooked_checkpoint", "pack keeps the inputs themselves (the caller holds them anyway), handles for the rest",
           ("    def pack(t):\n        return next(handles)\n",
-           "    def pack(t):\n        handle = next(handles)\n        return t if any(t is a for a in inputs) else handle\n"),
+           "    def pack(t):\n        handle = next(handles)\n"
+           "        return t if any(t is a for a in inputs) else handle\n"),
           ("        if handle not in recomputed:  # the first unpack of this backward",
            "        if isinstance(handle, torch.Tensor):\n            return handle\n"
            "        if handle not in recomputed:  # the first unpack of this backward")),

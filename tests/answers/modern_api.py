@@ -39,19 +39,23 @@ _VMAP_SOLUTION = '''        x_bdim, y_bdim, _ = in_dims  # dim is not a tensor: 
 
 MUTANTS = [
     # 10.1 ClippedReLU, ported
-    wrong("clipped_relu", "keeps the classic style (forward(ctx, ...), no setup_context)", source=_CLIPPED_RELU_CLASSIC),
+    wrong("clipped_relu", "keeps the classic style (forward(ctx, ...), no setup_context)",
+          source=_CLIPPED_RELU_CLASSIC),
     wrong("clipped_relu", "keeps ctx in forward's signature as well as setup_context",
           ("def forward(x, clip):", "def forward(ctx, x, clip):")),
     wrong("clipped_relu", "saves clip with save_for_backward (not a tensor)",
-          ("ctx.save_for_backward(x)\n        ctx.clip = clip", "ctx.save_for_backward(x, clip)\n        ctx.clip = clip")),
+          ("ctx.save_for_backward(x)\n        ctx.clip = clip",
+           "ctx.save_for_backward(x, clip)\n        ctx.clip = clip")),
     wrong("clipped_relu", "a CPU float32 mask in backward (not device-generic)",
           ("return grad_output * ((x > 0) & (x < ctx.clip)), None",
-           "mask = torch.zeros(x.shape)\n        mask[(x > 0) & (x < ctx.clip)] = 1\n        return grad_output * mask, None")),
+           "mask = torch.zeros(x.shape)\n        mask[(x > 0) & (x < ctx.clip)] = 1\n"
+           "        return grad_output * mask, None")),
     wrong("clipped_relu", "forward builds the clip tensor on the CPU (not device-generic)",
           ("return x.clamp(0, clip)", "return torch.minimum(x.clamp(min=0), torch.full(x.shape, clip))")),
     wrong("clipped_relu", "forward through NumPy (the generated vmap rule cannot run it)",
           ("return x.clamp(0, clip)",
-           "import numpy as np\n        return torch.from_numpy(np.clip(x.detach().cpu().numpy(), 0, clip)).to(x.device, x.dtype)")),
+           "import numpy as np\n"
+           "        return torch.from_numpy(np.clip(x.detach().cpu().numpy(), 0, clip)).to(x.device, x.dtype)")),
     wrong("clipped_relu", "forgets generate_vmap_rule",
           ("    generate_vmap_rule = True  # forward, setup_context and backward use torch operations only\n", "")),
     wrong("clipped_relu", "returns one gradient (no None for clip)",
@@ -174,19 +178,22 @@ class SquaredDistance(torch.autograd.Function):
     wrong("softmax_pattern", "vmap rule moves the batch to the last dim (softmax over the samples)",
           (_SOFTMAX_RULE, "return softmax(x.movedim(in_dims[0], -1)), -1")),
     wrong("softmax_pattern", "no register_vmap (vmap's slow per-sample fallback, with a warning)",
-          ("@softmax.register_vmap\ndef _(info, in_dims, x):\n    " + _SOFTMAX_RULE, "def _(info, in_dims, x):\n    " + _SOFTMAX_RULE)),
+          ("@softmax.register_vmap\ndef _(info, in_dims, x):\n    " + _SOFTMAX_RULE,
+           "def _(info, in_dims, x):\n    " + _SOFTMAX_RULE)),
     wrong("softmax_pattern", "backward without the sum term (y · grad)",
           (_SOFTMAX_BACKWARD, "return y * grad")),
     wrong("softmax_pattern", "backward sums without keepdim (broadcasts the wrong way)",
           (_SOFTMAX_BACKWARD, "return y * (grad - (grad * y).sum(-1))")),
     wrong("softmax_pattern", "saves x and recomputes exp(x) / Σ exp(x) in backward: NaN at ±1000",
           ("ctx.save_for_backward(output)", "ctx.save_for_backward(inputs[0])"),
-          ("(y,) = ctx.saved_tensors\n    return", "(x,) = ctx.saved_tensors\n    e = torch.exp(x)\n    y = e / e.sum(-1, keepdim=True)\n    return")),
+          ("(y,) = ctx.saved_tensors\n    return",
+           "(x,) = ctx.saved_tensors\n    e = torch.exp(x)\n    y = e / e.sum(-1, keepdim=True)\n    return")),
     wrong("softmax_pattern", "backward in NumPy (no double backward)",
           (_SOFTMAX_BACKWARD, "g, s = grad.detach().cpu().numpy(), y.detach().cpu().numpy()\n"
            "    return torch.from_numpy(s * (g - (g * s).sum(-1, keepdims=True))).to(grad.device, grad.dtype)")),
     wrong("softmax_pattern", "setup_context keeps the output on ctx (every value right)",
-          ("ctx.save_for_backward(output)", "ctx.y = output"), ("(y,) = ctx.saved_tensors\n    return", "y = ctx.y\n    return")),
+          ("ctx.save_for_backward(output)", "ctx.y = output"),
+          ("(y,) = ctx.saved_tensors\n    return", "y = ctx.y\n    return")),
     wrong("softmax_pattern", "the output kept in a global for backward (every value right)",
           ("ctx.save_for_backward(output)", "global kept_output\n    kept_output = output"),
           ("(y,) = ctx.saved_tensors\n    return", "y = kept_output\n    return")),
@@ -205,7 +212,8 @@ class SquaredDistance(torch.autograd.Function):
 
 VARIANTS = [
     right("clipped_relu", "saves the output and masks with it (0 < y < clip iff 0 < x < clip)",
-          ("x, clip = inputs\n        ctx.save_for_backward(x)", "x, clip = inputs\n        ctx.save_for_backward(output)"),
+          ("x, clip = inputs\n        ctx.save_for_backward(x)",
+           "x, clip = inputs\n        ctx.save_for_backward(output)"),
           ("(x,) = ctx.saved_tensors\n        return grad_output * ((x > 0) & (x < ctx.clip)), None",
            "(y,) = ctx.saved_tensors\n        return torch.where((y > 0) & (y < ctx.clip), grad_output, 0.0), None")),
     right("clipped_relu", "clamp through torch.minimum/maximum and a float mask", ("return x.clamp(0, clip)",
@@ -213,7 +221,8 @@ VARIANTS = [
           ("return grad_output * ((x > 0) & (x < ctx.clip)), None",
            "return grad_output * ((x > 0) & (x < ctx.clip)).to(grad_output.dtype), None")),
     right("vmap_rule", "a loop over the batch, stacked", (_VMAP_SOLUTION, _VMAP_BY_LOOP.lstrip("\n"))),
-    right("vmap_rule", "the batch moved to the end, out_dims -1", (_VMAP_SOLUTION, '''        x_bdim, y_bdim, _ = in_dims
+    right("vmap_rule", "the batch moved to the end, out_dims -1",
+          (_VMAP_SOLUTION, '''        x_bdim, y_bdim, _ = in_dims
         x = x.movedim(x_bdim, -1) if x_bdim is not None else x.unsqueeze(-1)
         y = y.movedim(y_bdim, -1) if y_bdim is not None else y.unsqueeze(-1)
         return SquaredDistance.apply(x, y, dim if dim >= 0 else dim - 1), -1''')),
@@ -313,14 +322,16 @@ torch.library.register_autograd("modern_api::logsumexp", backward, setup_context
 '''),
     right("softmax_pattern", "register_vmap by name, the op called through torch.ops",
           ("@softmax.register_vmap\ndef _(info, in_dims, x):", "def softmax_rule(info, in_dims, x):"),
-          ("softmax.register_autograd(", "torch.library.register_vmap(\"modern_api::softmax\", softmax_rule)\nsoftmax.register_autograd("),
+          ("softmax.register_autograd(",
+           "torch.library.register_vmap(\"modern_api::softmax\", softmax_rule)\nsoftmax.register_autograd("),
           ("        return softmax(x)\n", "        return torch.ops.modern_api.softmax(x)\n")),
     right("softmax_pattern", "the batch moved only when it is at the last dim",
           (_SOFTMAX_RULE, "b = in_dims[0] % x.dim()\n    if b == x.dim() - 1:\n        x, b = x.movedim(b, 0), 0\n"
            "    return softmax(x), b")),
     right("softmax_pattern", "saves x, backward from torch.softmax; the Function's own vmap staticmethod",
           ("ctx.save_for_backward(output)", "ctx.save_for_backward(inputs[0])"),
-          ("(y,) = ctx.saved_tensors\n    return", "(x,) = ctx.saved_tensors\n    y = torch.softmax(x, -1)\n    return"),
+          ("(y,) = ctx.saved_tensors\n    return",
+           "(x,) = ctx.saved_tensors\n    y = torch.softmax(x, -1)\n    return"),
           ("    generate_vmap_rule = True  # forward calls the op, whose vmap rule takes the batch\n", ""),
           ("        return softmax_backward(ctx, grad_output)",
            "        return softmax_backward(ctx, grad_output)\n\n    @staticmethod\n    def vmap(info, in_dims, x):\n"

@@ -92,7 +92,8 @@ class Swish(torch.autograd.Function):
     wrong("swish", "σ(βx) recomputed under torch.no_grad() in backward",
           ("s = torch.sigmoid(beta * x)", "with torch.no_grad():\n            s = torch.sigmoid(beta * x)")),
     wrong("swish", "a scalar β taken out of torch with float()", (
-        "x, beta = ctx.saved_tensors\n", "x, beta = ctx.saved_tensors\n        b = float(beta) if beta.dim() == 0 else beta\n",
+        "x, beta = ctx.saved_tensors\n",
+        "x, beta = ctx.saved_tensors\n        b = float(beta) if beta.dim() == 0 else beta\n",
     ), ("grad_x = grad_output * (s + beta * x * s * (1 - s))", "grad_x = grad_output * (s + b * x * s * (1 - s))")),
     # LogSumExp
     wrong("logsumexp", "naive forward: log(sum(exp(x))) overflows at 1000", (
@@ -137,7 +138,9 @@ class LogSumExp(torch.autograd.Function):
           ("torch.exp(x - out.unsqueeze(ctx.dim))", "torch.exp(x - out.unsqueeze(ctx.dim)).detach()")),
     wrong("logsumexp", "saves the softmax computed from the output", (
         "ctx.save_for_backward(x, out)", "ctx.save_for_backward(torch.exp(x - out.unsqueeze(dim)))",
-    ), ("x, out = ctx.saved_tensors\n        return grad_output.unsqueeze(ctx.dim) * torch.exp(x - out.unsqueeze(ctx.dim)), None",
+    ),
+    ("x, out = ctx.saved_tensors\n"
+     "        return grad_output.unsqueeze(ctx.dim) * torch.exp(x - out.unsqueeze(ctx.dim)), None",
         "(p,) = ctx.saved_tensors\n        return grad_output.unsqueeze(ctx.dim) * p, None")),
     # GradReverse
     wrong("grad_reverse", "wrong sign: α·grad_output", ("return -ctx.alpha * grad_output, None",
@@ -154,7 +157,8 @@ class LogSumExp(torch.autograd.Function):
     wrong("grad_reverse", "detaches grad_output (no double backward)",
           ("return -ctx.alpha * grad_output, None", "return -ctx.alpha * grad_output.detach(), None")),
     wrong("grad_reverse", "backward under @once_differentiable",
-          ("    @staticmethod\n    def backward", "    @staticmethod\n    @torch.autograd.function.once_differentiable\n    def backward")),
+          ("    @staticmethod\n    def backward",
+           "    @staticmethod\n    @torch.autograd.function.once_differentiable\n    def backward")),
     # TanhFixedPoint
     wrong("fixed_point", "one step of the adjoint only: s * grad_output", (
         ("for _ in range(500):  # the adjoint system w = s * (g + w W), by iteration\n"
@@ -173,8 +177,9 @@ class LogSumExp(torch.autograd.Function):
           ("for _ in range(500):\n            z_next", "for _ in range(10):\n            z_next"),
           ("            if change <= 1e-12:\n                break\n        ctx.save_for_backward(z, W)",
            "        ctx.save_for_backward(z, W)")),
-    wrong("fixed_point", "forward tolerance 1e-6", ("            if change <= 1e-12:\n                break\n        ctx",
-                                                    "            if change <= 1e-6:\n                break\n        ctx")),
+    wrong("fixed_point", "forward tolerance 1e-6",
+          ("            if change <= 1e-12:\n                break\n        ctx",
+           "            if change <= 1e-6:\n                break\n        ctx")),
     wrong("fixed_point", "w.T @ z: wrong for a 1-d x",
           ("grad_W = w.reshape(-1, n).T @ z.reshape(-1, n)", "grad_W = w.T @ z")),
     wrong("fixed_point", "saves x as well", ("ctx.save_for_backward(z, W)", "ctx.save_for_backward(z, W, x)"),
@@ -184,9 +189,11 @@ class LogSumExp(torch.autograd.Function):
         "        w = s * grad_output\n        for _ in range(500):",
         "        w = s * grad_output\n        with torch.no_grad():\n          for _ in range(500):",
     )),
-    wrong("fixed_point", "each adjoint iterate detached", ("            w = w_next\n", "            w = w_next.detach()\n")),
+    wrong("fixed_point", "each adjoint iterate detached",
+          ("            w = w_next\n", "            w = w_next.detach()\n")),
     wrong("fixed_point", "backward under @once_differentiable",
-          ("    @staticmethod\n    def backward", "    @staticmethod\n    @torch.autograd.function.once_differentiable\n    def backward")),
+          ("    @staticmethod\n    def backward",
+           "    @staticmethod\n    @torch.autograd.function.once_differentiable\n    def backward")),
     wrong("fixed_point", "the adjoint solved with NumPy", (
         ("w = s * grad_output\n        for _ in range(500):  # the adjoint system w = s * (g + w W), by iteration\n"
         "            w_next = s * (grad_output + w @ W)\n"
@@ -198,7 +205,8 @@ class LogSumExp(torch.autograd.Function):
         ("n = W.shape[0]\n"
         "        ss, gs = s.detach().reshape(-1, n).numpy(), grad_output.detach().reshape(-1, n).numpy()\n"
         "        a = np.eye(n) - ss[:, :, None] * W.detach().numpy().T[None]  # (I - diag(s) Wᵀ) w = s g, per sample\n"
-        "        w = torch.from_numpy(np.linalg.solve(a, (ss * gs)[:, :, None])[:, :, 0]).reshape(grad_output.shape)\n"),
+        "        w = torch.from_numpy(np.linalg.solve(a, (ss * gs)[:, :, None])[:, :, 0])"
+        ".reshape(grad_output.shape)\n"),
     )),
     wrong("fixed_point", "backward differentiates the unrolled iteration with autograd", source='''
 class TanhFixedPoint(torch.autograd.Function):
@@ -227,13 +235,16 @@ class TanhFixedPoint(torch.autograd.Function):
     # SwishClassifier
     wrong("swish_classifier", "β a plain tensor, not a Parameter",
           ("self.beta = torch.nn.Parameter(torch.ones(hidden))", "self.beta = torch.ones(hidden)")),
-    wrong("swish_classifier", "one β for the layer", ("torch.nn.Parameter(torch.ones(hidden))", "torch.nn.Parameter(torch.ones(()))")),
+    wrong("swish_classifier", "one β for the layer",
+          ("torch.nn.Parameter(torch.ones(hidden))", "torch.nn.Parameter(torch.ones(()))")),
     wrong("swish_classifier", "loss summed over the batch",
           ("logits.gather(1, y[:, None]).squeeze(1)).mean()", "logits.gather(1, y[:, None]).squeeze(1)).sum()")),
     wrong("swish_classifier", "ReLU instead of Swish",
           ("return self.out(Swish.apply(self.hidden(x), self.beta))", "return self.out(torch.relu(self.hidden(x)))")),
-    wrong("swish_classifier", "β detached", ("Swish.apply(self.hidden(x), self.beta)", "Swish.apply(self.hidden(x), self.beta.detach())")),
-    wrong("swish_classifier", "torch.logsumexp instead of LogSumExp", ("LogSumExp.apply(logits, 1)", "torch.logsumexp(logits, 1)")),
+    wrong("swish_classifier", "β detached",
+          ("Swish.apply(self.hidden(x), self.beta)", "Swish.apply(self.hidden(x), self.beta.detach())")),
+    wrong("swish_classifier", "torch.logsumexp instead of LogSumExp",
+          ("LogSumExp.apply(logits, 1)", "torch.logsumexp(logits, 1)")),
     wrong("swish_classifier", "forgets the logit of the right class",
           ("return (LogSumExp.apply(logits, 1) - logits.gather(1, y[:, None]).squeeze(1)).mean()",
            "return LogSumExp.apply(logits, 1).mean()")),
@@ -319,7 +330,8 @@ class TanhFixedPoint(torch.autograd.Function):
     right("fixed_point", "stopping tests on Python numbers (.item())", (
         "            change = (z_next - z).abs().max()\n", "            change = (z_next - z).abs().max().item()\n",
     ), ("change = (w_next - w).abs().max()", "change = (w_next - w).abs().max().item()")),
-    right("swish_classifier", "one-hot instead of gather, LogSumExp over dim -1, β via torch.full, calls forward", source='''
+    right("swish_classifier", "one-hot instead of gather, LogSumExp over dim -1, β via torch.full, calls forward",
+          source='''
 class SwishClassifier(torch.nn.Module):
     def __init__(self, n_in, hidden, classes):
         super().__init__()

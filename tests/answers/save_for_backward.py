@@ -16,12 +16,15 @@ MUTANTS = [
            "    result = fn.apply(*args)\n")),
     wrong("saved_by", "checks the inputs before the outputs",
           ("        if any(memory(t) == memory(o) for o in outputs):\n            kind = \"output\"\n"
-           "        elif any(isinstance(a, torch.Tensor) and memory(t) == memory(a) for a in args):\n            kind = \"input\"\n",
-           "        if any(isinstance(a, torch.Tensor) and memory(t) == memory(a) for a in args):\n            kind = \"input\"\n"
-           "        elif any(memory(t) == memory(o) for o in outputs):\n            kind = \"output\"\n")),
+           "        elif any(isinstance(a, torch.Tensor) and memory(t) == memory(a) for a in args):\n"
+           "            kind = \"input\"\n",
+           "        if any(isinstance(a, torch.Tensor) and memory(t) == memory(a) for a in args):\n"
+           "            kind = \"input\"\n        elif any(memory(t) == memory(o) for o in outputs):\n"
+           "            kind = \"output\"\n")),
     # kept_alive
     wrong("saved_by", "kept_alive counts what a view shows, not the storage it keeps alive",
-          ("blocks[storage.data_ptr()] = storage.nbytes()", "blocks[storage.data_ptr()] = t.numel() * t.element_size()")),
+          ("blocks[storage.data_ptr()] = storage.nbytes()",
+           "blocks[storage.data_ptr()] = t.numel() * t.element_size()")),
     wrong("saved_by", "kept_alive counts a storage saved twice twice",
           ("blocks = {}  # storage address -> its size: each storage once", "blocks = []"),
           ("blocks[storage.data_ptr()] = storage.nbytes()", "blocks.append(storage.nbytes())"),
@@ -32,7 +35,8 @@ MUTANTS = [
           ("theirs = {t.untyped_storage().data_ptr() for t in", "theirs = {t.data_ptr() for t in"),
           ("        if storage.data_ptr() not in theirs:", "        if t.data_ptr() not in theirs:")),
     wrong("saved_by", "kept_alive counts elements, not bytes",
-          ("blocks[storage.data_ptr()] = storage.nbytes()", "blocks[storage.data_ptr()] = storage.nbytes() // t.element_size()")),
+          ("blocks[storage.data_ptr()] = storage.nbytes()",
+           "blocks[storage.data_ptr()] = storage.nbytes() // t.element_size()")),
     # Sigmoid
     wrong("sigmoid", "saves the intermediate exp(-x) (passes gradcheck)", source='''
 class Sigmoid(torch.autograd.Function):
@@ -53,7 +57,8 @@ class Sigmoid(torch.autograd.Function):
           ("ctx.save_for_backward(y)", "ctx.save_for_backward(x)"),
           ("(y,) = ctx.saved_tensors", "(x,) = ctx.saved_tensors\n        y = torch.sigmoid(x)")),
     wrong("sigmoid", "saves the input and the output",
-          ("ctx.save_for_backward(y)", "ctx.save_for_backward(x, y)"), ("(y,) = ctx.saved_tensors", "_, y = ctx.saved_tensors")),
+          ("ctx.save_for_backward(y)", "ctx.save_for_backward(x, y)"),
+          ("(y,) = ctx.saved_tensors", "_, y = ctx.saved_tensors")),
     wrong("sigmoid", "ignores grad_output",
           ("return grad_output * y * (1 - y)", "return y * (1 - y)")),
     wrong("sigmoid", "multiplies grad_output in place",
@@ -81,7 +86,8 @@ class Tanh_(torch.autograd.Function):
     wrong("tanh_inplace", "takes the saved tensor for the input",
           ("return grad_output * (1 - y * y)", "return grad_output * (1 - torch.tanh(y) ** 2)")),
     wrong("tanh_inplace", "computes out of place",
-          ("x.tanh_()\n        ctx.mark_dirty(x)\n        ctx.save_for_backward(x)  # x now holds the output\n        return x",
+          ("x.tanh_()\n        ctx.mark_dirty(x)\n        ctx.save_for_backward(x)  # x now holds the output\n"
+           "        return x",
            "y = torch.tanh(x)\n        ctx.save_for_backward(y)\n        return y")),
     wrong("tanh_inplace", "modifies the saved tensor in backward",
           ("return grad_output * (1 - y * y)", "return grad_output * (1 - y.pow_(2))")),
@@ -90,7 +96,8 @@ class Tanh_(torch.autograd.Function):
     wrong("tanh_inplace", "multiplies grad_output in place",
           ("return grad_output * (1 - y * y)", "return grad_output.mul_(1 - y * y)")),
     wrong("tanh_inplace", "stashes the output on ctx",
-          ("ctx.save_for_backward(x)  # x now holds the output", "ctx.y = x"), ("(y,) = ctx.saved_tensors", "y = ctx.y")),
+          ("ctx.save_for_backward(x)  # x now holds the output", "ctx.y = x"),
+          ("(y,) = ctx.saved_tensors", "y = ctx.y")),
     # Sort
     wrong("sort", "gathers instead of scattering",
           ("grad_x = torch.zeros_like(grad_values).scatter(ctx.dim, indices, grad_values)",
@@ -100,9 +107,11 @@ class Tanh_(torch.autograd.Function):
           ("def backward(ctx, grad_values, grad_indices):", "def backward(ctx, grad_values):")),
     wrong("sort", "saves the input and sorts again",
           ("ctx.save_for_backward(indices)", "ctx.save_for_backward(x)"),
-          ("(indices,) = ctx.saved_tensors", "(x,) = ctx.saved_tensors\n        indices = torch.sort(x, ctx.dim).indices")),
+          ("(indices,) = ctx.saved_tensors",
+           "(x,) = ctx.saved_tensors\n        indices = torch.sort(x, ctx.dim).indices")),
     wrong("sort", "stashes the indices on ctx",
-          ("ctx.save_for_backward(indices)", "ctx.indices = indices"), ("(indices,) = ctx.saved_tensors", "indices = ctx.indices")),
+          ("ctx.save_for_backward(indices)", "ctx.indices = indices"),
+          ("(indices,) = ctx.saved_tensors", "indices = ctx.indices")),
     wrong("sort", "marks the values non-differentiable",
           ("ctx.mark_non_differentiable(indices)", "ctx.mark_non_differentiable(values)")),
     wrong("sort", "ignores grad_values",
@@ -128,7 +137,8 @@ class Tanh_(torch.autograd.Function):
           ("        ctx.save_for_backward(y)\n", "        ctx.save_for_backward(y)\n        Sigmoid.last_input = x\n")),
     wrong("sort", "saves the indices, and keeps them in a default argument too (the last call's, for reuse)",
           ("def forward(ctx, x, dim):", "def forward(ctx, x, dim, _last={}):"),
-          ("        ctx.save_for_backward(indices)\n", "        ctx.save_for_backward(indices)\n        _last[\"indices\"] = indices\n")),
+          ("        ctx.save_for_backward(indices)\n",
+           "        ctx.save_for_backward(indices)\n        _last[\"indices\"] = indices\n")),
     wrong("tanh_inplace", "keeps a copy of every input in a list of an enclosing function (a closure)", source='''
 def _tanh_with_history():
     history = []  # the inputs before they are overwritten, to look at later
