@@ -20,10 +20,17 @@ WORK ?= work
 PUBLIC ?= public
 ROOT_FLAG = $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
-.PHONY: test lab instructor release publish autograde bench compare-stock verdicts fuzz gpu-check gpu-wheels lock system-tools test-tools hub-tools clean
+.PHONY: test lint lab instructor release publish autograde bench compare-stock verdicts fuzz gpu-check gpu-wheels lock system-tools test-tools hub-tools clean
 
-test: $(STAMP) system-tools test-tools hub-tools
+test: $(STAMP) system-tools test-tools hub-tools lint
 	$(BIN)/python -m pytest
+
+# Style (ruff), types (mypy, strict on the grader, the runner, the sandbox and the student
+# package: pyproject.toml) and the trust boundary's imports (import-linter's contract).
+lint: $(STAMP)
+	$(BIN)/ruff check autograder tests bench
+	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # A student's JupyterLab: their own copies in $(WORK)/ (copied from course/ once: later
 # releases add new notebooks and never overwrite a copy), no instructor panels

@@ -132,8 +132,8 @@ def packed(kind: str, answers: list, wrong: bool) -> list[Submission]:
     for answer in answers:
         by_exercise.setdefault(answer.exercise, []).append(answer)
     rows = itertools.zip_longest(*by_exercise.values())
-    return [Submission(f"{kind}{k}", {a.exercise: a for a in row if a is not None},
-                       wrong) for k, row in enumerate(rows)]
+    return [Submission(f"{kind}{k}", {a.exercise: a for a in row if a is not None}, wrong)
+            for k, row in enumerate(rows)]
 
 
 @dataclass

@@ -28,8 +28,8 @@ SLUG = "03_function_basics"
 
 
 def _cells(nb, grade_id):
-    return [c for c in nb.cells if isinstance(c.metadata.get("nbgrader"),
-                                              dict) and c.metadata.nbgrader.get("grade_id") == grade_id]
+    return [c for c in nb.cells
+            if isinstance(c.metadata.get("nbgrader"), dict) and c.metadata.nbgrader.get("grade_id") == grade_id]
 
 
 def _tampered(course: Course, model: dict) -> dict[str, nbformat.NotebookNode]:

@@ -9,11 +9,11 @@ differences — happens where student code never runs.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..student import probe, serve, wire
 
-Transport = Callable[[dict], Any]  # request -> answer, both plain data
+Transport = Callable[[dict[str, Any]], Any]  # request -> answer, both plain data
 
 
 class RemoteError(Exception):
@@ -43,7 +43,7 @@ class Remote(probe.StudentProxy):
         return self._transport({"name": self.name, "procedure": procedure, "args": list(args)})
 
 
-def result(structure: Any, buffers: list[bytes]) -> Any:
+def result(structure: Any, buffers: Sequence[bytes | bytearray]) -> Any:
     """An answer in wire form -> its value (in the grader); raises RemoteError for errors."""
     reply = wire.decode(structure, buffers)
     if not isinstance(reply, dict) or not (set(reply) == {"value"} or set(reply) == {"error", "type"}):
@@ -55,10 +55,10 @@ def result(structure: Any, buffers: list[bytes]) -> Any:
     return reply["value"]
 
 
-def loopback(namespace: dict) -> Transport:
+def loopback(namespace: dict[str, Any]) -> Transport:
     """A transport to `serve` in this process, through the wire format (for tests)."""
 
-    def transport(request: dict) -> Any:
+    def transport(request: dict[str, Any]) -> Any:
         return result(*serve.answer(namespace, *wire.encode(request)))
 
     return transport

@@ -79,8 +79,8 @@ def judge_budget(student: Any, budget: Budget, args: tuple, *, strided: bool = F
     __tracebackhide__ = True
     names = budget.names if budget.names.args else replace(budget.names, args=probe.argument_names(student))
     needs = tuple(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
-    shapes = ", ".join(f"{n} of shape {tuple(a.shape)}" for n, a in zip(names.args,
-                                                                        args) if isinstance(a, torch.Tensor))
+    shapes = ", ".join(f"{n} of shape {tuple(a.shape)}" for n, a in zip(names.args, args)
+                       if isinstance(a, torch.Tensor))
     context = [f"inputs: {shapes}{' (not contiguous in memory)' if strided else ''}; {_requires(names.args, args)}"]
     with quiet():
         try:

@@ -277,8 +277,8 @@ class _Lines:
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     a, b = a.detach(), b.detach()
-    return a.shape == b.shape and (torch.equal(a,
-                                               b) or bool(torch.allclose(a, b, rtol=RTOL, atol=ATOL, equal_nan=True)))
+    return a.shape == b.shape and (torch.equal(a, b)
+                                   or bool(torch.allclose(a, b, rtol=RTOL, atol=ATOL, equal_nan=True)))
 
 
 def _names(ops: Sequence[Any]) -> list[str]:

@@ -44,7 +44,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from distributed import Client, WorkerPlugin, as_completed, get_worker
 from distributed.scheduler import KilledWorker
@@ -58,6 +58,9 @@ from ..student.probe import first_line
 from .pool import STARTUP, Pool
 from .preflight import FAILED, USAGE, GradingError
 from .records import Cell, Options, Program, Run, Verdict
+
+if TYPE_CHECKING:
+    from dask.typing import Key
 
 CONNECT = 20.0  # seconds to reach the scheduler
 WORKERS = 120.0  # seconds to wait for a first Dask worker, and without any worker during a run
@@ -94,13 +97,14 @@ class Grading(WorkerPlugin):
     has threads, started at setup (while the client prepares), stopped at teardown."""
 
     idempotent = False
+    error: BaseException | None  # why the pool could not start (set up in `setup`)
 
     def __init__(self, root: str, sandboxed: bool, limits: Limits, modules: list[str], compiles: bool,
                  expected: dict[str, str], topic: str) -> None:
         self.root, self.sandboxed, self.limits, self.modules, self.compiles = root, sandboxed, limits, modules, compiles
         self.expected, self.topic = expected, topic
 
-    def setup(self, worker) -> Any:
+    def setup(self, worker: Any) -> Any:
         found = fingerprint()
         if found != self.expected:
             differs = ", ".join(f"{k} {found[k]} instead of {self.expected[k]}"
@@ -110,7 +114,7 @@ class Grading(WorkerPlugin):
                                    "depend on the machine)")
         self.jobs = max(int(worker.state.nthreads), 1)
         self.ready, self.error, self.stopping = threading.Event(), None, False
-        self.waiting: dict[str, concurrent.futures.Future] = {}
+        self.waiting: dict[str, concurrent.futures.Future[Any]] = {}
         self.lock = threading.Lock()
         self.pool: Pool | None = None
         return self._setup()
@@ -149,6 +153,7 @@ class Grading(WorkerPlugin):
     def _take_slots(self) -> list[int]:
         SLOTS.mkdir(mode=0o700, exist_ok=True)
         self.slot_locks: list[int] = []
+        slots: list[int]
         slots, slot = [], FIRST_SLOT
         while len(slots) < self.jobs:
             fd = os.open(SLOTS / str(slot), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -167,19 +172,21 @@ class Grading(WorkerPlugin):
                 os.close(fd)
         self.slot_locks = []
 
-    def grade(self, key: str, programs: list[dict]) -> list[dict]:
+    def grade(self, key: str, programs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not self.ready.wait(STARTUP):
             raise RuntimeError(f"the grading workers on {socket.gethostname()} did not start within {STARTUP:g} s")
         if self.error is not None or self.stopping:
             raise RuntimeError(f"grading cannot run on {socket.gethostname()}: {self.error or 'it is stopping'}")
+        future: concurrent.futures.Future[list[Run]]
         token, future = uuid.uuid4().hex, concurrent.futures.Future()
         with self.lock:
             self.waiting[token] = future
         get_worker().log_event(self.topic, key)  # the client's progress: this one runs now
+        assert self.pool is not None  # ready, without an error
         self.pool.submit(token, [_program(p) for p in programs])
         return [_plain(run) for run in future.result()]
 
-    def teardown(self, worker) -> None:
+    def teardown(self, worker: Any) -> None:
         """The end of the run (or of this worker): nothing new starts; the pool stops in its
         own thread once its running notebooks end (the event loop is not held up)."""
         self.stopping = True
@@ -196,24 +203,25 @@ class Grading(WorkerPlugin):
                 break
         self.pool.done.put(None)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {"host": socket.gethostname(), "threads": self.jobs, "summary": self.isolation.summary(),
                 "warnings": self.isolation.warnings()}
 
 
-def grade_submission(plugin: str, key: str, programs: list[dict]) -> list[dict]:
+def grade_submission(plugin: str, key: str, programs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The Dask task: one submission's notebooks, run and judged on this Dask worker."""
-    grading = get_worker().plugins.get(plugin)
+    grading = cast("Grading | None", get_worker().plugins.get(plugin))  # the plugin registered as `plugin`
     if grading is None:
         raise RuntimeError(f"this Dask worker has no grading plugin {plugin!r}")
     return grading.grade(key, programs)
 
 
-def _describe(dask_worker, plugin: str) -> dict:
-    return dask_worker.plugins[plugin].describe()
+def _describe(dask_worker: Any, plugin: str) -> dict[str, Any]:
+    description: dict[str, Any] = dask_worker.plugins[plugin].describe()
+    return description
 
 
-def _program(plain: dict) -> Program:
+def _program(plain: dict[str, Any]) -> Program:
     from .verdicts import Judge
 
     judge = Judge({int(index): cell for index, cell in plain["tests"].items()},
@@ -221,13 +229,13 @@ def _program(plain: dict) -> Program:
     return Program([tuple(cell) for cell in plain["cells"]], dict(plain["files"]), judge)
 
 
-def _plain(run: Run) -> dict:
+def _plain(run: Run) -> dict[str, Any]:
     return dataclasses.asdict(run)
 
 
 # --- on the client (the one process that writes the gradebook) -----------------------------
 
-def plain_program(program: Program) -> dict:
+def plain_program(program: Program) -> dict[str, Any]:
     """What a Dask worker needs of a notebook: plain data only."""
     tests = program.judge.tests if program.judge is not None else {}
     return {
@@ -239,7 +247,7 @@ def plain_program(program: Program) -> dict:
     }
 
 
-def run_of(plain: dict) -> Run:
+def run_of(plain: dict[str, Any]) -> Run:
     plain = dict(plain)
     cells = {int(i): Cell(**c) for i, c in plain.pop("cells").items()}
     verdicts = {int(i): Verdict(**v) for i, v in plain.pop("verdicts").items()}
@@ -249,7 +257,7 @@ def run_of(plain: dict) -> Run:
 class ClusterIsolation:
     """What the cluster's machines offer for running student code (as sandbox.Isolation says it)."""
 
-    def __init__(self, address: str, described: dict[str, dict]) -> None:
+    def __init__(self, address: str, described: dict[str, dict[str, Any]]) -> None:
         self.address, self.described = address, described
 
     def summary(self) -> str:
@@ -289,7 +297,7 @@ class ClusterPool:
             raise GradingError(f"the Dask scheduler at {address} could not be reached "
                                f"({first_line(error, 200)}): start it "
                                "(`dask scheduler`) or correct --scheduler", USAGE) from None
-        self.futures: dict[str, tuple[str, int]] = {}  # Dask key -> (submission key, notebooks)
+        self.futures: dict[Key, tuple[str, int]] = {}  # Dask key -> (submission key, notebooks)
         self.completed = as_completed(loop=self.client.loop)
         self._keys: set[str] = set()  # submissions on the cluster now
         self._running: dict[str, float] = {}
@@ -306,7 +314,9 @@ class ClusterPool:
                       f"worker{'s' * (len(self._threads()) != 1)}) ...")
 
     def _threads(self) -> dict[str, int]:
-        return self.client.nthreads()
+        assert self.client is not None  # (open)
+        threads: dict[str, int] = self.client.nthreads()
+        return threads
 
     @property
     def size(self) -> int:
@@ -319,6 +329,7 @@ class ClusterPool:
         """Start the grading pool on every Dask worker (and on those that join later)."""
         plugin = Grading(str(self.options.root), self.options.sandbox, self.options.limits, modules, compiles,
                          fingerprint(), self.topic)
+        assert self.client is not None  # (open)
         try:
             self.client.register_plugin(plugin, name=self.plugin)
             described = self.client.run(_describe, plugin=self.plugin)
@@ -331,6 +342,7 @@ class ClusterPool:
             self.console.print(f"[bold red]WARNING[/] {warning}")
 
     def submit(self, key: str, programs: list[Program]) -> None:
+        assert self.client is not None  # (open)
         future = self.client.submit(grade_submission, self.plugin, key, [plain_program(p) for p in programs],
                                     key=f"grade-{self.run_id}-{key}-{uuid.uuid4().hex[:8]}", pure=False,
                                     retries=RETRIES)
@@ -365,6 +377,7 @@ class ClusterPool:
         has been there for WORKERS seconds."""
         alone_since = None
         while not self.completed.has_ready():
+            assert self.client is not None  # (open)
             if self.client.status not in ("running", "newly-created"):
                 raise self._lost()
             with self.completed.thread_condition:
@@ -412,5 +425,5 @@ class ClusterPool:
     def __enter__(self) -> "ClusterPool":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.close()

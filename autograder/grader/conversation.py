@@ -21,8 +21,8 @@ from typing import Any, Callable, Iterator
 from ..checks import remote
 from ..runner.protocol import Channel, ProtocolError
 from ..student import probe, wire
-from .records import Run, cut
-from .verdicts import Judge, Verdict
+from .records import Run, Verdict, cut
+from .verdicts import Judge
 
 QUESTIONS = 100_000  # per probe: far more than any check asks
 CHANGES = 20  # changes to the probes' modules kept per test cell, as evidence
@@ -44,7 +44,7 @@ class Conversation:
         self.lost: Exception | None = None
         self.breach: str | None = None  # why the cell being judged scores 0 whatever its checks made of it
 
-    def execute(self, cells: list[tuple[str, int]], deadline: Callable[[], float]) -> Iterator[dict]:
+    def execute(self, cells: list[tuple[str, int]], deadline: Callable[[], float]) -> Iterator[dict[str, Any]]:
         """Run a run of the notebook's own cells, (source, execution count) each, one after the
         other; yields each one's reply (outputs, execution count, CPU) as it comes, within the
         time `deadline()` says is left then."""
@@ -75,25 +75,26 @@ class Conversation:
                 raise Tampering(f"a restore reply whose {key} are not a list of strings")
             found.extend(c for c in (cut(c, 200) for c in listed[:CHANGES]) if c not in found)
 
-    def transport(self, request: dict) -> Any:
+    def transport(self, request: dict[str, Any]) -> Any:
         """One probe (see autograder.checks.remote.Remote)."""
         if self.lost is not None:
             raise remote.RemoteError("the student's process stopped answering")
         try:
             structure, buffers = wire.encode(request)
-            reply, buffers = self._judging({"op": "probe", "request": structure}, buffers, "answer")
+            reply, reply_buffers = self._judging({"op": "probe", "request": structure}, buffers, "answer")
         except (TimeoutError, ProtocolError, OSError) as error:
             self.lost = error  # the checks may swallow it: the run ends when the judge returns
             raise remote.RemoteError(f"the student's process did not answer ({error})") from None
         cpu = reply.get("cpu")
         self.probe_cpu += min(max(float(cpu), 0.0), 3600.0) if isinstance(cpu, (int, float)) else 0.0
         try:
-            return remote.result(reply.get("answer"), buffers)
+            return remote.result(reply.get("answer"), reply_buffers)
         except wire.WireError as error:  # the checks may swallow it too: the cell scores 0 when judged
             self.breach = self.breach or f"the student's process answered with more than the grader accepts ({error})"
             raise remote.RemoteError(self.breach) from None
 
-    def _judging(self, message: dict, buffers: list[bytes], expected: str) -> tuple[dict, list[bytes]]:
+    def _judging(self, message: dict[str, Any], buffers: list[bytes],
+                 expected: str) -> tuple[dict[str, Any], list[bytearray]]:
         started, received = time.monotonic(), self.channel.received
         try:
             return self._request(message, buffers, expected, max(self.judging_budget - self.judging, 0.001))
@@ -101,16 +102,17 @@ class Conversation:
             self.judging += time.monotonic() - started
             self.answers += self.channel.received - received
 
-    def _request(self, message: dict, buffers: list[bytes], expected: str, timeout: float) -> tuple[dict, list[bytes]]:
+    def _request(self, message: dict[str, Any], buffers: list[bytes], expected: str,
+                 timeout: float) -> tuple[dict[str, Any], list[bytearray]]:
         """Send `message` under a new id; the reply of kind `expected` under the same id."""
         return self._reply(self._send(message, buffers), expected, timeout)
 
-    def _send(self, message: dict, buffers: list[bytes]) -> str:
+    def _send(self, message: dict[str, Any], buffers: list[bytes]) -> str:
         request_id = secrets.token_hex(8)
         self.channel.send({**message, "id": request_id}, buffers)
         return request_id
 
-    def _reply(self, request_id: str, expected: str, timeout: float) -> tuple[dict, list[bytes]]:
+    def _reply(self, request_id: str, expected: str, timeout: float) -> tuple[dict[str, Any], list[bytearray]]:
         """The next reply to `request_id`, of kind `expected`. Questions asked meanwhile
         (probes only) are answered on the way."""
         deadline = time.monotonic() + timeout
@@ -126,7 +128,7 @@ class Conversation:
             return reply, reply_buffers
         raise Tampering(f"more than {QUESTIONS} questions during one probe")
 
-    def _answer_question(self, request_id: str, message: dict, buffers: list[bytes]) -> None:
+    def _answer_question(self, request_id: str, message: dict[str, Any], buffers: list[bytearray]) -> None:
         """Answer with the running check's handler; a question it refuses, or one asked when
         no check answers questions, gets an error answer (the course's code raises it)."""
         handler = probe.handler()
@@ -141,7 +143,7 @@ class Conversation:
         self.channel.send({"op": "reply", "id": request_id, "answer": structure}, answer_buffers)
 
 
-def _describe(message: dict) -> str:
+def _describe(message: dict[str, Any]) -> str:
     """A short, safe description of a message the notebook's process sent."""
     kind = message.get("op")
     return f"op {str(kind)[:40]!r}" if isinstance(kind, str) else "no op"

@@ -11,6 +11,7 @@ import functools
 import time
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.coursedir import CourseDirectory
@@ -20,12 +21,13 @@ from sqlalchemy.exc import OperationalError
 from traitlets.config import Config
 
 from ..checks import inputs
+from ..isolation.limits import Limits
 from ..student.probe import first_line
 from . import discover, feedback, nbgrader_adapter, progress, report, results, secret, untrusted
-from .pool import Pool
+from .pool import Workers
 from .preflight import FAILED, GradingError
-from .prepare import Preparer, Rejected
-from .records import Options, Program
+from .prepare import Prepared, Preparer, Rejected
+from .records import Options, Program, Run
 from .verdicts import Judge, warm
 from .writer import Writer
 
@@ -34,14 +36,14 @@ GRADES_CSV = "grades.csv"  # nbgrader export's default name
 LMS_CSV = "grades-lms.csv"  # one row per student, one column per assignment: Canvas's and Moodle's import
 
 
-def grade(options: Options, config: Config, pool: Pool, console: Console) -> tuple[list[report.Outcome],
+def grade(options: Options, config: Config, pool: Workers, console: Console) -> tuple[list[report.Outcome],
                                                                                    list[discover.Submission]]:
     """Grade what `options` asks for with `pool`'s workers; (outcomes, submissions skipped as done)."""
     with nbgrader_adapter.applied():
         return _grade(options, config, pool, console)
 
 
-def _grade(options: Options, config: Config, pool: Pool, console: Console) -> tuple[list[report.Outcome],
+def _grade(options: Options, config: Config, pool: Workers, console: Console) -> tuple[list[report.Outcome],
                                                                                     list[discover.Submission]]:
     coursedir = CourseDirectory(config=config)
     submissions = discover.find(coursedir, options.assignments, options.students)
@@ -117,13 +119,14 @@ def _secret(root: Path, console: Console) -> bytes:
     return key
 
 
-def _grade_all(todo, known, pool, preparer, writer, console, limits, course_key: bytes) -> list[report.Outcome]:
+def _grade_all(todo: list[discover.Submission], known: dict[str, set[str]], pool: Workers, preparer: Preparer,
+               writer: Writer, console: Console, limits: Limits, course_key: bytes) -> list[report.Outcome]:
     """Prepare, run and save, interleaved: this thread prepares and saves in turn, while the
     pool's threads run and judge."""
     waiting = iter(todo)
-    running: dict[str, tuple[discover.Submission, list]] = {}  # key -> (submission, [NotebookResult | Prepared])
+    running: dict[str, tuple[discover.Submission, list[Any]]] = {}  # key -> (submission, [NotebookResult | Prepared])
     spent: dict[str, float] = {}  # key -> CPU seconds preparing it
-    outcomes = []
+    outcomes: list[report.Outcome] = []
     limit = 2 * limits.timeout * max(len(known[s.assignment]) for s in todo)  # its notebooks, and judging them
     with progress.Tracker(console, len(todo), pool.size, limit, pool.running) as tracker:
         while True:
@@ -165,13 +168,13 @@ def _grade_all(todo, known, pool, preparer, writer, console, limits, course_key:
             tracker.update(took)
 
 
-def _prepare(submission: discover.Submission, known: set[str], preparer: Preparer, ignore: list[str]) -> list:
+def _prepare(submission: discover.Submission, known: set[str], preparer: Preparer, ignore: list[str]) -> list[Any]:
     """Each notebook of the submission, ready to run (Prepared), or its result already
     (NotebookResult): refused, unreadable or ungradable."""
     if submission.unusable is not None:
         return [results.rejected(name, f"not graded: {submission.unusable}") for name in sorted(known)]
     submission.contents = submission.files(ignore)
-    items: list = []
+    items: list[Any] = []
     for entry, reason in list(submission.refused):
         name = entry.removesuffix(".ipynb")
         if "/" not in entry and entry.endswith(".ipynb") and name in known:  # the notebook itself
@@ -201,7 +204,7 @@ def _prepare(submission: discover.Submission, known: set[str], preparer: Prepare
     return items
 
 
-def _graded(prepared, run) -> results.NotebookResult:
+def _graded(prepared: Prepared, run: Run) -> results.NotebookResult:
     try:
         return results.graded(prepared, run)
     except Exception as error:  # outputs nothing can hold: the notebook alone fails
@@ -209,7 +212,7 @@ def _graded(prepared, run) -> results.NotebookResult:
                                 f"not graded: its results could not be recorded ({first_line(error, 200)})")
 
 
-def _save(writer: Writer, submission: discover.Submission, notebook_results: list) -> list[results.NotebookResult]:
+def _save(writer: Writer, submission: discover.Submission, notebook_results: list[Any]) -> list[results.NotebookResult]:
     """Save the submission, and return what was saved: one whose autograded notebooks cannot
     be written (what a notebook holds can break nbgrader's scorers) is saved as refused,
     with the reason."""
@@ -225,7 +228,7 @@ def _save(writer: Writer, submission: discover.Submission, notebook_results: lis
         return refused
 
 
-def _outcome(submission, notebook_results) -> report.Outcome:
+def _outcome(submission: discover.Submission, notebook_results: list[results.NotebookResult]) -> report.Outcome:
     problems = [f"{r.name}: {p}" for r in notebook_results for p in r.problems]
     failed = any(r.nb is None or (r.run and r.run.failure) for r in notebook_results)
     runs = [r.run for r in notebook_results if r.run]

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from nbgrader.coursedir import CourseDirectory
 from nbgrader.plugins import FileNameCollectorPlugin
@@ -91,6 +92,7 @@ def find(coursedir: CourseDirectory, assignments: list[str], only: list[str]) ->
     root = str(Path(coursedir.format_path(coursedir.submitted_directory, ".", ".")).resolve())
     found = []
     for student in only or students(coursedir):
+        reason: str | None
         try:
             with untrusted.folder(root, (student,)) as fd:
                 handed_in = sorted(e.name for e in os.scandir(fd) if (not assignments or e.name in assignments)
@@ -150,7 +152,7 @@ def is_done(coursedir: CourseDirectory, submission: Submission) -> bool:
     return not (submission.timestamp and graded_at and submission.timestamp > graded_at)
 
 
-class HandInCollector(FileNameCollectorPlugin):
+class HandInCollector(FileNameCollectorPlugin):  # type: ignore[misc]  # (nbgrader is untyped)
     """`nbgrader zip_collect`'s collector for hand_in() zips (nbgrader_config.py names it):
     the student and the notebook come from the path (`named_regexp`), as with nbgrader's own
     collector, and the time from the timestamp.txt beside the notebook, which is collected
@@ -161,7 +163,7 @@ class HandInCollector(FileNameCollectorPlugin):
     whole collection on it); the notebook is collected all the same.
     """
 
-    def collect(self, submitted_file: str) -> dict | None:
+    def collect(self, submitted_file: str) -> dict[str, Any] | None:
         folder, name = os.path.split(submitted_file)
         if name != TIMESTAMP:
             info = super().collect(submitted_file)
@@ -172,7 +174,7 @@ class HandInCollector(FileNameCollectorPlugin):
         return {**info, "file_id": TIMESTAMP, **when} if info and when else None
 
 
-def _written_time(folder: str) -> dict:
+def _written_time(folder: str) -> dict[str, Any]:
     """{"timestamp": the text of folder's timestamp.txt} if it is a time nbgrader reads, else {}."""
     try:
         with open(os.path.join(folder, TIMESTAMP), encoding="utf-8") as f:

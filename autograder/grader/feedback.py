@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import re
 from pathlib import Path
+from typing import Any
 
 from nbformat import NotebookNode
 from nbgrader import utils
@@ -31,13 +32,13 @@ HAND_IN_TAG = "hand-in"  # authoring.HAND_IN_TAG: the notebook's hand-in cell
 TITLE = "autograd_title"  # cell metadata: what the feedback's table of contents calls a test cell
 
 
-class Readable(NbGraderPreprocessor):
+class Readable(NbGraderPreprocessor):  # type: ignore[misc]  # (nbgrader is untyped)
     """Before ClearHiddenTests: each test cell named by the heading it belongs to ("Exercise
     3.1 · ClippedReLU with a non-tensor clip: hidden checks"); no output that says nothing to a
     student — a test cell's result value (nbgrader's partial credit, shown as "Out[24]:
     2.5"), the summary's and the hand-in cell's messages of grading time."""
 
-    def preprocess(self, nb: NotebookNode, resources: dict) -> tuple[NotebookNode, dict]:
+    def preprocess(self, nb: NotebookNode, resources: dict[str, Any]) -> tuple[NotebookNode, dict[str, Any]]:
         marker = ClearHiddenTests(config=self.config).begin_test_delimeter
         heading = ""
         for cell in nb.cells:
@@ -72,7 +73,7 @@ def configure(config: Config) -> Config:
     return config
 
 
-def _name(preprocessor) -> str:
+def _name(preprocessor: Any) -> str:
     return preprocessor if isinstance(preprocessor, str) else f"{preprocessor.__module__}.{preprocessor.__qualname__}"
 
 

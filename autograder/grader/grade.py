@@ -11,16 +11,21 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from sqlalchemy.exc import OperationalError
 
 from ..isolation import sandbox
 from . import preflight, progress
-from .pool import Pool
+from .pool import Pool, Workers
 from .preflight import FAILED, GradingError
 from .records import Options
+
+if TYPE_CHECKING:
+    from traitlets.config import Config
+
+    from .cluster import ClusterIsolation
 
 
 @dataclass
@@ -28,7 +33,7 @@ class Summary:
     outcomes: list[Any]  # report.Outcome, one per submission graded
     skipped: list[Any]  # discover.Submission, graded before
     seconds: float
-    isolation: sandbox.Isolation
+    isolation: sandbox.Isolation | ClusterIsolation
 
 
 def grade(options: Options, console: Console | None = None, scheduler: str | None = None) -> Summary:
@@ -49,13 +54,15 @@ def grade(options: Options, console: Console | None = None, scheduler: str | Non
         lock.release()
 
 
-def _grade(options: Options, config, console: Console, started: float, scheduler: str | None) -> Summary:
+def _grade(options: Options, config: Config, console: Console, started: float, scheduler: str | None) -> Summary:
     # nbgrader runs `alembic` by name to set up a gradebook: the environment's own scripts first
     os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
     # jsonschema (under nbformat) imports the optional rfc3987_syntax where it is installed
     # (JupyterLab brings it), which compiles a grammar: ~1 s, a third of the grader's
     # start-up. Nothing here checks the "iri" formats it adds; marked absent, it is skipped.
-    sys.modules.setdefault("rfc3987_syntax", None)
+    sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]  # (None: import fails)
+    pool: Workers | NoWorkers
+    isolation: sandbox.Isolation | ClusterIsolation
     with progress.showing(console, started) as display:  # one status line from the first second
         if scheduler is not None:  # each Dask worker probes and warns for its own machine
             try:
@@ -65,7 +72,7 @@ def _grade(options: Options, config, console: Console, started: float, scheduler
                                    "pip install -c constraints.txt -e '.[lab,grading]'") from None
 
             display.phase("reaching the Dask scheduler ...")
-            pool = ClusterPool(scheduler, options, console)
+            pool = cluster = ClusterPool(scheduler, options, console)
         else:
             display.phase("probing the sandbox ...")
             isolation = sandbox.probe(options.sandbox, options.root)
@@ -80,13 +87,14 @@ def _grade(options: Options, config, console: Console, started: float, scheduler
             from . import course, report  # nbgrader and nbconvert load while the workers warm up
 
             try:
-                outcomes, skipped = course.grade(options, config, pool, console)
+                # (NoWorkers only when everything is graded already: it is never asked to run anything)
+                outcomes, skipped = course.grade(options, config, pool, console)  # type: ignore[arg-type]
             except OperationalError as error:
                 raise GradingError(f"the gradebook could not be used ({str(error).strip().splitlines()[0][:200]}): "
                                    "if formgrader or another program is writing to it, wait and run again",
                                    FAILED) from None
     if scheduler is not None:
-        isolation = pool.isolation
+        isolation = cluster.isolation
     summary = Summary(outcomes, skipped, time.monotonic() - started, isolation)
     console.print(report.summary(outcomes, skipped, summary.seconds, isolation.summary()))
     if any(o.problems for o in outcomes):
@@ -96,7 +104,7 @@ def _grade(options: Options, config, console: Console, started: float, scheduler
     return summary
 
 
-def _feedback_only(options: Options, config) -> bool:
+def _feedback_only(options: Options, config: Config) -> bool:
     """--feedback when every submission asked for is graded already: no worker is needed."""
     if not options.feedback or options.force:
         return False
@@ -121,5 +129,5 @@ class NoWorkers:
     def __enter__(self) -> "NoWorkers":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         pass

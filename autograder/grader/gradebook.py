@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Iterator
+from typing import Any, Iterator
 
 from nbgrader.api import Assignment, BaseCell, Comment, Grade, Gradebook, Notebook
 from nbgrader.preprocessors import latesubmissions, saveautogrades
@@ -38,10 +38,10 @@ class _Lent:
     def __enter__(self) -> Gradebook:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         pass
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._gradebook, name)
 
 
@@ -53,14 +53,14 @@ class Released(_Lent):
 
     def __init__(self, gradebook: Gradebook) -> None:
         super().__init__(gradebook)
-        self._found: dict[tuple, object] = {}
+        self._found: dict[tuple[Any, ...], object] = {}
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         method = getattr(self._gradebook, name)
         if name not in self.LOOKUPS:
             return method
 
-        def memoized(*args):
+        def memoized(*args: Any) -> Any:
             if (name, args) not in self._found:
                 self._found[name, args] = method(*args)
             return self._found[name, args]
@@ -76,9 +76,9 @@ class Submission(_Lent):
 
     def __init__(self, gradebook: Gradebook) -> None:
         super().__init__(gradebook)
-        self._rows: dict[tuple, dict[str, object]] = {}
+        self._rows: dict[tuple[Any, ...], dict[str, object]] = {}
 
-    def update_or_create_submission(self, assignment: str, student: str, **kwargs):
+    def update_or_create_submission(self, assignment: str, student: str, **kwargs: Any) -> Any:
         self._gradebook.db.query(Assignment).options(
             selectinload(Assignment.notebooks).selectinload(Notebook._base_cells)
         ).filter(Assignment.name == assignment).all()
@@ -93,7 +93,7 @@ class Submission(_Lent):
     def find_comment(self, solution_cell: str, notebook: str, assignment: str, student: str) -> Comment:
         return self._of(Comment, notebook, assignment, student)[solution_cell]
 
-    def _of(self, kind: type, notebook: str, assignment: str, student: str) -> dict:
+    def _of(self, kind: type[Any], notebook: str, assignment: str, student: str) -> dict[str, Any]:
         key = (kind, notebook, assignment, student)
         if key not in self._rows:
             row = self._gradebook.find_submission_notebook(notebook, assignment, student)
@@ -103,7 +103,7 @@ class Submission(_Lent):
         return self._rows[key]
 
 
-def lent(gradebook: Gradebook | _Lent, modules: tuple) -> contextlib.AbstractContextManager:
+def lent(gradebook: Gradebook | _Lent, modules: tuple[Any, ...]) -> contextlib.AbstractContextManager[Any]:
     """nbgrader's preprocessors from `modules` use `gradebook` instead of opening their own."""
     return nbgrader_adapter.lent(gradebook if isinstance(gradebook, _Lent) else _Lent(gradebook), modules)
 

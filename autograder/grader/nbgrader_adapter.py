@@ -41,7 +41,7 @@ def _validator(schema_json: str) -> Any:
     return cls(schema)
 
 
-def _validate(instance: Any, schema: dict) -> None:
+def _validate(instance: Any, schema: dict[str, Any]) -> None:
     error = jsonschema.exceptions.best_match(_validator(json.dumps(schema, sort_keys=True)).iter_errors(instance))
     if error is not None:
         raise error

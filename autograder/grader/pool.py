@@ -20,7 +20,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 from ..isolation import sandbox
 from ..isolation.limits import TRUNCATED, Limits
@@ -51,7 +51,7 @@ class Worker:
 
     def __init__(self, isolation: sandbox.Isolation, course_root: Path, runtime: Path, slot: int) -> None:
         self.isolation, self.course_root, self.runtime, self.slot = isolation, course_root, runtime, slot
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.modules: list[str] = []  # to preload, also after a restart
         self.compiles = False
@@ -138,14 +138,16 @@ class Worker:
             conversation = Conversation(channel, limits.timeout)
             # The notebook's time: starting and running its cells, not judging.
             spent = time.monotonic() - started
-            def judged(item: tuple) -> bool:
+            def judged(item: tuple[Any, ...]) -> bool:
                 return program.judge is not None and program.judge.judges(item[1][0])
 
             # Test cells run here, one by one; each run of the notebook's own cells between
             # them goes to the child in one request, and comes back a reply per cell.
+            group: Iterable[tuple[int, tuple[int, str, str]]]
             for tests, group in itertools.groupby(enumerate(program.cells, start=1), key=judged):
                 group = list(group)
                 if tests:
+                    assert program.judge is not None  # (judged)
                     for count, (index, label, _) in group:
                         where = f"while the grader ran {label}"
                         self._judge(conversation, program.judge, index, count, run)
@@ -245,10 +247,11 @@ class Worker:
         if used > limits.memory // 2:
             run.limits_reached.append(f"it used {used} MiB, more than half of its memory limit of {limits.memory} MiB")
         if explain_exit and isinstance(report.get("code"), int):
+            assert run.failure is not None  # (it ended on its own: failed)
             run.failure += f": {_exit_reason(report['code'], limits)}"
 
 
-def _error(ename: str, message: str) -> dict:
+def _error(ename: str, message: str) -> dict[str, Any]:
     return {"output_type": "error", "ename": ename, "evalue": message, "traceback": [f"{ename}: {message}"]}
 
 
@@ -265,6 +268,20 @@ def _exit_reason(code: int, limits: Limits) -> str:
     return reasons.get(sig, f"it was killed by {sig.name}")
 
 
+class Workers(Protocol):
+    """What grading asks of its workers: `Pool` here, `cluster.ClusterPool` on a Dask cluster."""
+
+    @property
+    def size(self) -> int: ...
+    def preload(self, modules: list[str], compiles: bool = False) -> None: ...
+    def submit(self, key: str, programs: list[Program]) -> None: ...
+    def result(self) -> tuple[str, list[Run]]: ...
+    def running(self) -> dict[str, float]: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> object: ...
+    def __exit__(self, *exc: Any) -> None: ...
+
+
 class Pool:
     """`jobs` warm workers, started at once (they warm up while the grader prepares).
 
@@ -279,8 +296,8 @@ class Pool:
         syntax.guard()  # the threads below judge, and judging builds syntax trees
         self.limits = limits
         self.runtime = sandbox.runtime_directory()
-        self.todo: queue.Queue = queue.Queue()
-        self.done: queue.Queue = queue.Queue()
+        self.todo: queue.Queue[Any] = queue.Queue()
+        self.done: queue.Queue[Any] = queue.Queue()
         self._running: dict[Any, float] = {}
         self.workers, self.threads = [], []
         for k in range(jobs):
@@ -307,7 +324,8 @@ class Pool:
         self.todo.put((key, programs))
 
     def result(self) -> tuple[Any, list[Run]]:
-        return self.done.get()
+        found: tuple[Any, list[Run]] = self.done.get()
+        return found
 
     def running(self) -> dict[Any, float]:
         """What the workers run now: key -> when it started (time.monotonic)."""
@@ -352,5 +370,5 @@ class Pool:
     def __enter__(self) -> "Pool":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.close()

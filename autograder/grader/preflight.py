@@ -54,7 +54,8 @@ def load_config(options: Options) -> Config:
 
 
 def _folder(config: Config, name: str, default: str) -> Path:
-    return Path(config.CourseDirectory.root) / config.CourseDirectory.get(name, default)
+    folder: Path = Path(config.CourseDirectory.root) / config.CourseDirectory.get(name, default)
+    return folder
 
 
 def _names(folder: Path) -> list[str]:

@@ -14,6 +14,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import nbformat
@@ -65,9 +66,9 @@ def _label(index: int, cell: NotebookNode) -> str:
 
 
 def read(data: bytes) -> NotebookNode:
-    invalid: dict = {}  # nbformat validates as it reads (once): what it found
+    invalid: dict[str, Any] = {}  # nbformat validates as it reads (once): what it found
     try:
-        nb = nbformat.reads(data.decode("utf-8"), as_version=4, capture_validation_error=invalid)
+        nb: NotebookNode = nbformat.reads(data.decode("utf-8"), as_version=4, capture_validation_error=invalid)
     except UnicodeDecodeError:
         raise Rejected("the file is not UTF-8 text") from None
     except Exception as error:  # nbformat raises many kinds: not JSON, unknown version, missing keys
@@ -79,8 +80,9 @@ def read(data: bytes) -> NotebookNode:
 
 # nbgrader's cell metadata (schema 3): each field's type. Other fields are dropped, as
 # nbgrader's own upgrade does.
-FIELDS = {"grade": bool, "solution": bool, "locked": bool, "task": bool, "grade_id": str, "points": (int, float),
-          "schema_version": int, "checksum": str, "cell_type": str}
+FIELDS: dict[str, type[Any] | tuple[type[Any], ...]] = {
+    "grade": bool, "solution": bool, "locked": bool, "task": bool, "grade_id": str, "points": (int, float),
+    "schema_version": int, "checksum": str, "cell_type": str}
 
 
 def _invalid(cell: NotebookNode) -> str | None:
@@ -123,7 +125,7 @@ def sanitize_metadata(nb: NotebookNode) -> list[str]:
     return flags
 
 
-def reorder(nb: NotebookNode, released: list) -> list[str]:
+def reorder(nb: NotebookNode, released: list[Any]) -> list[str]:
     """Put the cells the instructor made (known by grade_id) back in the released order,
     each taking one of their places (the student's own cells stay where they are), so a
     test cell moved above what it tests runs after it again. Returns what had moved."""
@@ -138,9 +140,10 @@ def reorder(nb: NotebookNode, released: list) -> list[str]:
             "in that order"] if moved else []
 
 
-def _grade_id(cell: dict) -> str | None:
+def _grade_id(cell: dict[str, Any]) -> str | None:
     """(Cells nbgrader puts back hold plain dicts, not NotebookNodes.)"""
-    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+    grade_id: str | None = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+    return grade_id
 
 
 def tampering(nb: NotebookNode, gradebook: Gradebook, notebook: str, assignment: str) -> list[str]:
@@ -164,7 +167,7 @@ def tampering(nb: NotebookNode, gradebook: Gradebook, notebook: str, assignment:
     return flags
 
 
-def edited(nb: NotebookNode, released: list) -> list[str]:
+def edited(nb: NotebookNode, released: list[Any]) -> list[str]:
     """What was done to the locked and graded cells that nbgrader puts back without a word:
     edited locked cells, changed nbgrader metadata (points above all), outputs in a hidden
     test cell (whose released source is only a comment, so it cannot have printed anything)."""
@@ -194,7 +197,7 @@ def _only_comments(source: str) -> bool:
     return all(not line.strip() or line.lstrip().startswith("#") for line in source.splitlines())
 
 
-def compiles(cells: list) -> bool:
+def compiles(cells: list[Any]) -> bool:
     """Whether a code cell among `cells` calls torch.compile."""
     return any(cell.get("cell_type") == "code" and "torch.compile(" in cell.source for cell in cells)
 
@@ -206,7 +209,7 @@ class Preparer:
         """`released`: the folder of released assignments (what students were given)."""
         self.db_url, self.released = db_url, released
         self.gradebook = Released(Gradebook(db_url, course_id))
-        self.given: dict[tuple[str, str], list] = {}
+        self.given: dict[tuple[str, str], list[Any]] = {}
         # A deleted test cell is always put back: graded as missing, it would keep a stale score.
         self.sanitizers = [
             cls(config=config, log=SILENT, **({"add_missing_cells": True} if cls is OverwriteCells else {}))
@@ -254,7 +257,7 @@ class Preparer:
     def close(self) -> None:
         self.gradebook.close()
 
-    def _given(self, assignment: str, name: str) -> list:
+    def _given(self, assignment: str, name: str) -> list[Any]:
         """The released notebook's cells (without it, every line counts as the student's);
         read once per run."""
         if (assignment, name) not in self.given:

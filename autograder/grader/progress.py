@@ -13,10 +13,10 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn
+from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn
 from rich.table import Column
 from rich.text import Text
 
@@ -52,7 +52,7 @@ class _Text(ProgressColumn):
         super().__init__(table_column=Column(no_wrap=True))
         self.text = text
 
-    def render(self, task) -> Text:
+    def render(self, task: Task) -> Text:
         return Text(self.text())
 
 
@@ -112,7 +112,7 @@ class Display:
         self.bar.__enter__()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.bar.__exit__(*exc)
 
 
@@ -147,10 +147,11 @@ class Tracker:
 
     def __init__(self, console: Console, total: int, workers: int, limit: float,
                  running: Callable[[], dict[str, float]]) -> None:
-        self.display = current()
-        self.own = self.display is None
-        if self.own:
-            self.display = Display(console, time.monotonic())
+        display = current()
+        self.own = display is None
+        if display is None:
+            display = Display(console, time.monotonic())
+        self.display = display
         self.display.grading(total, workers, limit, running)
         self.display.phase(f"starting {workers} worker{'s' * (workers != 1)} ...")
 
@@ -162,6 +163,6 @@ class Tracker:
             self.display.__enter__()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         if self.own:
             self.display.__exit__(*exc)

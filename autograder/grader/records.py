@@ -43,7 +43,7 @@ class Verdict:
     score: float
     max_score: float
     graded: bool  # a graded cell (else a visible check that scores nothing)
-    outputs: list[dict]  # nbformat outputs: what the checks printed, then the failure or the result
+    outputs: list[dict[str, Any]]  # nbformat outputs: what the checks printed, then the failure or the result
     seed: int | None = None  # what its checks' inputs were drawn from (inputs.seeded), to replay it
     flags: list[str] = field(default_factory=list)  # what its checks saw that a person should look at
 
@@ -59,7 +59,7 @@ def cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else f"{text[:limit]}… [cut: {len(text) - limit} more characters]"
 
 
-def as_text(outputs: list[dict]) -> str:
+def as_text(outputs: list[dict[str, Any]]) -> str:
     """What a list of nbformat outputs says, as text."""
     return "".join(o.get("text", "") if o["output_type"] == "stream" else
                    f"{o['ename']}: {o['evalue']}\n" if o["output_type"] == "error" else
@@ -80,7 +80,7 @@ class Run:
 
     cells: dict[int, Cell] = field(default_factory=dict)  # by cell index, for the cells that finished
     verdicts: dict[int, Verdict] = field(default_factory=dict)  # of the graded test cells, by cell index
-    seeds: dict[str, int] = field(default_factory=dict)  # of every test cell judged, by grade_id (to replay it)
+    seeds: dict[str, int | None] = field(default_factory=dict)  # of every test cell judged, by grade_id (to replay it)
     changed: list[str] = field(default_factory=list)  # what the notebook changed in the modules the probes rely on
     worth_a_look: list[str] = field(default_factory=list)  # what it did that earned nothing, yet a person should see
     tampering: str | None = None  # what the notebook's process sent that no honest child sends

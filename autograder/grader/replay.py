@@ -12,6 +12,7 @@ import functools
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import nbformat
 from nbgrader.api import Gradebook
@@ -30,9 +31,9 @@ from .verdicts import Judge, is_test_cell
 @dataclass
 class Replayed:
     grade_id: str
-    outputs: list[dict]  # of the cell, now
+    outputs: list[dict[str, Any]]  # of the cell, now
     score: float | None  # now (None: a visible check that scores nothing)
-    recorded_outputs: list[dict] | None  # in the autograded notebook (None: never graded)
+    recorded_outputs: list[dict[str, Any]] | None  # in the autograded notebook (None: never graded)
     recorded_score: float | None
     seeds: str  # where the seeds came from
     failure: str | None  # why the notebook stopped before the cell, if it did
@@ -84,7 +85,8 @@ def _notebook_of(coursedir: CourseDirectory, assignment: str, grade_id: str) -> 
     with Gradebook(coursedir.db_url, coursedir.course_id) as gb:
         for nb in gb.find_assignment(assignment).notebooks:
             if any(cell.name == grade_id for cell in nb.source_cells):
-                return nb.name
+                name: str = nb.name
+                return name
     raise GradingError(f"{assignment} has no cell '{grade_id}'")
 
 
@@ -95,8 +97,8 @@ def _run(options: Options, program: Program) -> Run:
     return run
 
 
-def _recorded(nb, coursedir: CourseDirectory, assignment: str, student: str, notebook: str,
-              grade_id: str) -> tuple[list[dict] | None, float | None]:
+def _recorded(nb: nbformat.NotebookNode | None, coursedir: CourseDirectory, assignment: str, student: str,
+              notebook: str, grade_id: str) -> tuple[list[dict[str, Any]] | None, float | None]:
     if nb is None:
         return None, None
     outputs = next(([dict(o) for o in c.outputs] for c in nb.cells

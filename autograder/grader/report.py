@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, AbstractSet
 
 import nbformat
 from nbgrader import utils
@@ -90,7 +90,8 @@ class Scores:
     statuses: dict[str, str]  # student -> "graded", "flagged" or "failed"
 
 
-def scores(db_url: str, course_id: str, assignment: str, source: Path, failed: set[str] = frozenset()) -> Scores:
+def scores(db_url: str, course_id: str, assignment: str, source: Path,
+           failed: AbstractSet[str] = frozenset()) -> Scores:
     """What the gradebook holds of `assignment`; `failed`: students whose last run failed
     (the gradebook flags them like any other flagged submission)."""
     totals: dict[str, float] = {}
@@ -136,7 +137,7 @@ def even_bins(top: float, most_bins: int = 20) -> tuple[list[float], float]:
 
 
 def plot(db_url: str, course_id: str, assignment: str, source: Path, out: Path,
-         failed: set[str] = frozenset()) -> Path | None:
+         failed: AbstractSet[str] = frozenset()) -> Path | None:
     """The class's total points (bins of one width, stacked by status: graded, flagged for
     review, failed; mean and median marked) above each exercise's mean share of its points."""
     found = scores(db_url, course_id, assignment, source, failed)

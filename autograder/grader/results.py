@@ -40,7 +40,8 @@ class NotebookResult:
 
 
 def _error(ename: str, message: str) -> NotebookNode:
-    return new_output("error", ename=ename, evalue=message, traceback=[f"{ename}: {message}"])
+    output: NotebookNode = new_output("error", ename=ename, evalue=message, traceback=[f"{ename}: {message}"])
+    return output
 
 
 def graded(prepared: Prepared, run: Run) -> NotebookResult:
@@ -80,6 +81,7 @@ def _tampering(run: Run) -> list[str]:
 
 
 def _mark_stopped(nb: NotebookNode, run: Run) -> None:
+    assert run.failure is not None  # (stopped)
     after = False
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code":

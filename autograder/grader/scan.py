@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from . import syntax
 
@@ -56,7 +57,7 @@ class Finding:
         return f"{self.cell}, line {self.line}: {self.reason}: `{self.code.strip()[:100]}`"
 
 
-def scan(cells: list, released: list) -> list[Finding]:
+def scan(cells: list[Any], released: list[Any]) -> list[Finding]:
     """Findings in the code cells of a submission that are not in the released notebook."""
     given = {line.strip() for cell in released if cell.get("cell_type") == "code"
              for line in _source(cell).splitlines()}
@@ -125,7 +126,7 @@ def _called(func: ast.expr) -> str:
         return ""
 
 
-def _source(cell: dict) -> str:
+def _source(cell: dict[str, Any]) -> str:
     source = cell.get("source", "")
     return "".join(source) if isinstance(source, list) else source
 
@@ -183,9 +184,8 @@ def _assigned(node: ast.AST) -> list[ast.expr]:
         return [node.target]
     if isinstance(node, ast.Delete):
         return [t for t in node.targets if isinstance(t, (ast.Attribute, ast.Subscript))]
-    if isinstance(node,
-                  ast.Call) and isinstance(node.func,
-                                           ast.Name) and node.func.id in ("setattr", "delattr") and node.args:
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr")
+            and node.args):
         return [node.args[0]]
     return []
 

@@ -16,6 +16,7 @@ import ast
 import sys
 import threading
 from types import CodeType
+from typing import Any
 
 _LOCK = threading.RLock()
 NEEDED = sys.version_info[:3] < (3, 11, 8) or sys.version_info[:3] == (3, 12, 0)  # gh-106905
@@ -28,7 +29,7 @@ def guard() -> None:
         return
     unguarded = ast.parse
 
-    def parse(*args, **kwargs):
+    def parse(*args: Any, **kwargs: Any) -> Any:
         with _LOCK:
             return unguarded(*args, **kwargs)
 
@@ -41,6 +42,6 @@ def parse(source: str) -> ast.Module:
         return ast.parse(source)
 
 
-def compiled(tree: ast.AST, filename: str, mode: str) -> CodeType:
+def compiled(tree: ast.Module | ast.Expression, filename: str, mode: str) -> CodeType:
     with _LOCK:
         return compile(tree, filename, mode)

@@ -21,7 +21,7 @@ import importlib
 import io
 import sys
 import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TextIO, cast
 
 import torch
 from nbgrader.utils import get_partial_grade
@@ -44,7 +44,7 @@ def _module(name: Any) -> Any:
     return sys.modules.get(name)
 
 
-class StudentNames(dict):
+class StudentNames(dict[str, Any]):
     """The cell's own names, falling back to the student's (fetched on first use)."""
 
     def __init__(self, transport: Transport) -> None:
@@ -76,11 +76,11 @@ class StudentNames(dict):
         self.fetched.clear()
 
 
-def run_cell(source: str, names: dict) -> Any:
+def run_cell(source: str, names: dict[str, Any]) -> Any:
     """Execute a cell like IPython: the value of a final expression is returned."""
     tree = syntax.parse(source)
-    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-    context: dict = {"__name__": "__main__"}
+    last = cast(ast.Expr, tree.body.pop()) if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    context: dict[str, Any] = {"__name__": "__main__"}
     exec(syntax.compiled(tree, "<test cell>", "exec"), context, names)
     if last is None:
         return None
@@ -107,7 +107,7 @@ class Judge:
         self.names: StudentNames | None = None
 
     @classmethod
-    def of(cls, cells: list, seed: Callable[[str], int]) -> Judge:
+    def of(cls, cells: list[Any], seed: Callable[[str], int]) -> Judge:
         """The judge of a notebook's `cells`; `seed(grade_id)` is a test cell's seed (`inputs.cell_seed`)."""
         tests = {index: cell for index, cell in enumerate(cells) if is_test_cell(cell)}
         return cls(tests, {index: seed(cell["metadata"]["nbgrader"]["grade_id"]) for index, cell in tests.items()})
@@ -146,7 +146,7 @@ def warm(modules: list[str], compiles: bool = False) -> None:
             torch.autograd.forward_ad.make_dual(x.detach(), x.detach()) * 2
 
 
-def verdicts(cells: list, transport: Transport, seed: Callable[[str], int]) -> list[Verdict]:
+def verdicts(cells: list[Any], transport: Transport, seed: Callable[[str], int]) -> list[Verdict]:
     """Trusted verdicts of a notebook's graded cells, all judged after the whole notebook ran."""
     judge = Judge.of(cells, seed)
     return [v for index in judge.tests if (v := judge.judge(index, transport)).graded]
@@ -159,6 +159,7 @@ class _Captured:
     to its own buffer, and other threads' writes where they went before."""
 
     def __init__(self) -> None:
+        self.saved: tuple[Any, Any]  # sys.stdout and sys.stderr, while captured
         self.lock, self.users, self.saved = threading.Lock(), 0, (None, None)
         self.local = threading.local()
 
@@ -181,14 +182,15 @@ class _Captured:
 
 
 class _Routed(io.TextIOBase):
-    def __init__(self, captured: _Captured, original) -> None:
+    def __init__(self, captured: _Captured, original: TextIO) -> None:
         self.captured, self.original = captured, original
 
     def writable(self) -> bool:
         return True
 
     def write(self, text: str) -> int:
-        return (getattr(self.captured.local, "buffer", None) or self.original).write(text)
+        written: int = (getattr(self.captured.local, "buffer", None) or self.original).write(text)
+        return written
 
     def flush(self) -> None:
         self.original.flush()
@@ -203,6 +205,7 @@ PRINTED = 8192  # characters of what a cell's checks printed (they echo what the
 
 def verdict(grade_id: str, source: str, max_score: float, names: StudentNames, graded: bool = True) -> Verdict:
     """Run one test cell against the student's process and score it as nbgrader would."""
+    ended: dict[str, Any] | None
     score, ended = float(max_score), None
     with _captured() as printed, evidence.collected() as flags:
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from nbformat.v4 import nbjson
 from nbgrader.api import Gradebook
@@ -78,12 +79,12 @@ class Writer:
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.rename(stage, dest)
 
-    def _resources(self, submission: Submission, notebook: str) -> dict:
+    def _resources(self, submission: Submission, notebook: str) -> dict[str, Any]:
         return {"nbgrader": {"notebook": notebook, "assignment": submission.assignment,
                              "student": submission.student, "db_url": self.coursedir.db_url}}
 
     @staticmethod
-    def _zero_missing(gb, submission: Submission, submitted: set[str]) -> None:
+    def _zero_missing(gb: Gradebook, submission: Submission, submitted: set[str]) -> None:
         """Notebooks of the assignment that were not submitted score 0 (as in nbgrader)."""
         for notebook in gb.find_assignment(submission.assignment).notebooks:
             if notebook.name not in submitted:
@@ -93,7 +94,7 @@ class Writer:
         gb.db.commit()
 
     @staticmethod
-    def _trust(gb, submission: Submission, result: NotebookResult) -> None:
+    def _trust(gb: Gradebook, submission: Submission, result: NotebookResult) -> None:
         """The grader's own verdicts are the scores (the outputs nbgrader scored are its report)."""
         grades = gb.grades(result.name, submission.assignment, submission.student)
         for grade_id, score in result.trusted_scores().items():
@@ -101,7 +102,7 @@ class Writer:
         gb.db.commit()
 
     @staticmethod
-    def _flag(gb, submission: Submission, result: NotebookResult) -> None:
+    def _flag(gb: Gradebook, submission: Submission, result: NotebookResult) -> None:
         row = gb.find_submission_notebook(result.name, submission.assignment, submission.student)
         row.flagged = True
         for grade in row.grades:

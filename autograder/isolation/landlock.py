@@ -33,7 +33,7 @@ READ = EXECUTE | READ_FILE | READ_DIR
 WRITE = READ | WRITE_FILE | _DIR_CHANGES | REFER | TRUNCATE | IOCTL_DEV
 
 
-def _libc():
+def _libc() -> ctypes.CDLL:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     return libc
@@ -71,7 +71,7 @@ def restrict(read: list[str], write: list[str]) -> int:
     return version
 
 
-def _allow(libc, ruleset: int, path: str, rights: int) -> None:
+def _allow(libc: ctypes.CDLL, ruleset: int, path: str, rights: int) -> None:
     try:
         fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
     except FileNotFoundError:

@@ -5,6 +5,7 @@ Both cross from the grader to the worker as plain JSON (`to_message`, `from_mess
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any, ClassVar, Self
 
 TRUNCATED = "[output truncated: the notebook's output limit was reached]"  # where output was cut
 
@@ -12,11 +13,13 @@ TRUNCATED = "[output truncated: the notebook's output limit was reached]"  # whe
 class Message:
     """A record that crosses to the worker as a JSON object of its fields."""
 
-    def to_message(self) -> dict:
+    __dataclass_fields__: ClassVar[dict[str, Any]]  # every subclass is a dataclass
+
+    def to_message(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_message(cls, message: dict):
+    def from_message(cls, message: dict[str, Any]) -> Self:
         return cls(**{name: message[name] for name in cls.__dataclass_fields__})
 
 

@@ -232,7 +232,7 @@ def launch(isolation: Isolation, course_root: Path, runtime: Path, control_fd: i
         **{k: v for k, v in os.environ.items() if k.startswith("OPENBLAS_")},  # CPU workarounds of this machine
     }
     command = [sys.executable, "-I", "-B", "-m", "autograder.runner.zygote", str(control_fd)]
-    if sandboxed:
+    if isolation.bubblewrap is not None:  # sandboxed
         prefix = bubblewrap_arguments(isolation.bubblewrap, readable, isolation.gpu is not None)
         for name, value in env.items():
             prefix += ["--setenv", name, value]

@@ -62,7 +62,7 @@ def main(channel_fd: int, config: WorkerConfig, limits: Limits, files: dict[str,
 
 
 Reply = Callable[[dict[str, Any], list[bytes]], None]  # sends one reply under the request's id
-Handler = Callable[[dict, list[bytes], Reply], None]  # (request, buffers, reply)
+Handler = Callable[[dict[str, Any], list[bytearray], Reply], None]  # (request, buffers, reply)
 
 
 def serve(channel: Channel, handlers: dict[str, Handler]) -> None:
@@ -72,16 +72,17 @@ def serve(channel: Channel, handlers: dict[str, Handler]) -> None:
         request, buffers, _ = channel.receive()
         if request.get("op") == "exit":
             return
-        handlers[request["op"]](request, buffers, lambda reply, reply_buffers, request=request: channel.send(
-            {**reply, "id": request.get("id")}, reply_buffers))
+        # (the handler replies before the next request is read)
+        handlers[request["op"]](request, buffers, lambda reply, reply_buffers: channel.send(
+            {**reply, "id": request.get("id")}, reply_buffers))  # noqa: B023
 
 
-def _restore(restore: Callable[[], list[str]], attempted: Callable[[], list[str]], request: dict,
-             buffers: list[bytes], reply: Reply) -> None:
+def _restore(restore: Callable[[], list[str]], attempted: Callable[[], list[str]], request: dict[str, Any],
+             buffers: list[bytearray], reply: Reply) -> None:
     reply({"op": "restored", "changes": restore(), "attempts": attempted()}, [])
 
 
-def _execute(shell: InteractiveShell, request: dict, buffers: list[bytes], reply: Reply) -> None:
+def _execute(shell: InteractiveShell, request: dict[str, Any], buffers: list[bytearray], reply: Reply) -> None:
     for cell in request["cells"]:
         started = time.process_time()
         shell.execution_count = cell["count"]  # the grader numbers every code cell, test cells too
@@ -90,8 +91,8 @@ def _execute(shell: InteractiveShell, request: dict, buffers: list[bytes], reply
               [])
 
 
-def _probe(channel: Channel, shell: InteractiveShell, answer_request: Callable, asking_over: Callable,
-           request: dict, buffers: list[bytes], reply: Reply) -> None:
+def _probe(channel: Channel, shell: InteractiveShell, answer_request: Callable[..., Any],
+           asking_over: Callable[..., Any], request: dict[str, Any], buffers: list[bytearray], reply: Reply) -> None:
     def ask(question: Any) -> Any:  # while this probe runs, under its id
         structure, question_buffers = wire.encode(question)
         channel.send({"op": "question", "id": request.get("id"), "question": structure}, question_buffers)

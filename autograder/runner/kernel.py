@@ -13,7 +13,7 @@ import io
 import os
 import sys
 import tempfile
-from typing import Any
+from typing import Any, Iterable
 
 from IPython.core.displayhook import DisplayHook
 from IPython.core.displaypub import DisplayPublisher
@@ -110,6 +110,7 @@ class Recorder:
     def drain(self) -> None:
         """Move what was written to fds 1 and 2 since the last call into outputs."""
         for stream in (sys.__stdout__, sys.__stderr__):
+            assert stream is not None  # (a child has both)
             try:
                 stream.flush()
             except (OSError, ValueError):
@@ -129,7 +130,7 @@ class Recorder:
         return outputs
 
 
-RECORDER: Recorder | None = None  # set in the child before the first cell
+RECORDER: Recorder = None  # type: ignore[assignment]  # set in the child (start) before the first cell
 
 
 class _Stream(io.TextIOBase):
@@ -163,7 +164,7 @@ class _BytesStream(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
-    def write(self, data) -> int:
+    def write(self, data: Any) -> int:
         self._text.write(bytes(data).decode("utf-8", "replace"))
         return len(data)
 
@@ -178,7 +179,7 @@ class _DisplayHook(DisplayHook):
     def write_output_prompt(self) -> None:
         pass
 
-    def write_format_data(self, format_dict, md_dict=None) -> None:
+    def write_format_data(self, format_dict: dict[str, Any], md_dict: dict[str, Any] | None = None) -> None:
         self._result["data"] = dict(format_dict)
         self._result["metadata"] = dict(md_dict or {})
 
@@ -189,7 +190,8 @@ class _DisplayHook(DisplayHook):
 class _DisplayPublisher(DisplayPublisher):
     """display(), rich reprs and figures, as display_data outputs."""
 
-    def publish(self, data, metadata=None, source=None, *, transient=None, update=False, **kwargs) -> None:
+    def publish(self, data: dict[str, Any], metadata: dict[str, Any] | None = None, source: Any = None, *,
+                transient: Any = None, update: bool = False, **kwargs: Any) -> None:
         if not update:  # an update would rewrite an earlier output; the saved notebook keeps the first
             RECORDER.rich({"output_type": "display_data", "data": dict(data), "metadata": dict(metadata or {})})
 
@@ -201,13 +203,13 @@ class _Shell(InteractiveShell):
     displayhook_class = _DisplayHook
     display_pub_class = _DisplayPublisher
 
-    def _showtraceback(self, etype, evalue, stb) -> None:
+    def _showtraceback(self, etype: Any, evalue: Any, stb: Iterable[str]) -> None:
         RECORDER.error(getattr(etype, "__name__", str(etype)), str(evalue), list(stb))
 
-    def enable_gui(self, gui=None) -> None:  # no event loops in a grader
+    def enable_gui(self, gui: Any = None) -> None:  # no event loops in a grader
         pass
 
-    def _format_exception_for_storage(self, exception, *args, **kwargs) -> dict:
+    def _format_exception_for_storage(self, exception: BaseException, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """IPython formats every traceback a second time for its history, which is off here."""
         return {"ename": type(exception).__name__, "evalue": str(exception), "traceback": []}
 
@@ -218,6 +220,7 @@ def make_shell() -> InteractiveShell:
     backend, which hooks itself into the shell."""
     os.environ["MPLBACKEND"] = INLINE_BACKEND
     shell = _Shell.instance(history_length=0)
+    assert shell.history_manager is not None  # (instance() made it)
     shell.history_manager.enabled = False
     return shell
 

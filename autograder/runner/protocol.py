@@ -27,7 +27,7 @@ import json
 import re
 import socket
 import struct
-from typing import Any, Sequence
+from typing import Any, Sequence, TypeGuard
 
 _LENGTH = struct.Struct(">I")
 MAX_FDS = 4  # a control message carries at most a few descriptors
@@ -81,7 +81,7 @@ class Channel:
         except (BrokenPipeError, ConnectionResetError) as error:
             raise ChannelClosed(f"the other side closed the channel ({error.strerror})") from None
 
-    def receive(self, timeout: float | None = None) -> tuple[dict[str, Any], list[bytes], list[int]]:
+    def receive(self, timeout: float | None = None) -> tuple[dict[str, Any], list[bytearray], list[int]]:
         """The next message, its buffers and any descriptors passed with it.
 
         Raises TimeoutError when nothing complete arrives within `timeout` seconds,
@@ -123,11 +123,11 @@ class Channel:
         return data  # (not copied into bytes: a tensor's buffer is used as it is)
 
 
-def _lengths(value: Any) -> bool:
+def _lengths(value: Any) -> TypeGuard[list[int]]:
     return isinstance(value, list) and all(isinstance(n, int) and n >= 0 for n in value)
 
 
-def _parse(data: bytes) -> Any:
+def _parse(data: bytes | bytearray) -> Any:
     values = sum(data.count(separator) for separator in (b",", b":", b"[", b"{"))
     if values > MAX_VALUES:
         raise Undecodable(f"a message header of more than {MAX_VALUES} values")
@@ -147,7 +147,7 @@ _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _BRACKET = re.compile(rb"[\[\]{}]")
 
 
-def _depth(data: bytes) -> int:
+def _depth(data: bytes | bytearray) -> int:
     """How deep the lists and objects of a JSON text nest (brackets in strings not counted);
     at C speed, without recursion."""
     brackets = _BRACKET.findall(_STRING.sub(b"", data))
@@ -169,7 +169,7 @@ def _lift(value: Any, texts: list[bytes]) -> Any:
     return value
 
 
-def _restore(value: Any, texts: list[bytes]) -> Any:
+def _restore(value: Any, texts: Sequence[bytes | bytearray]) -> Any:
     """The inverse of `_lift`, on untrusted input (iterative: the depth is the sender's)."""
     decoded: dict[int, str] = {}
 

@@ -23,14 +23,18 @@ import stat
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING, Any
 
 from ..isolation import confine
 from ..isolation.limits import Limits, WorkerConfig
 from . import child, kernel
 from .protocol import Channel
 
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
 
-def warm():
+
+def warm() -> InteractiveShell:
     """Pay every first-call cost once, here, instead of in every child."""
     import torch
     from torch.overrides import TorchFunctionMode
@@ -44,7 +48,7 @@ def warm():
         importlib.import_module(module.name)  # the probe procedures, and what notebooks import
 
     class Mode(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             return func(*args, **(kwargs or {}))
 
     x = torch.randn(3, dtype=torch.float64, requires_grad=True)
@@ -58,15 +62,15 @@ def warm():
     shell.transform_cell("x = 1\n")
     class Wrong(torch.autograd.Function):  # the error wrong answers meet most, raised in torch's backward
         @staticmethod
-        def forward(ctx, x):
+        def forward(ctx: Any, x: Any) -> Any:
             return x * 2
 
         @staticmethod
-        def backward(ctx, grad):
+        def backward(ctx: Any, grad: Any) -> Any:
             return grad, grad
 
     try:  # the first traceback through torch parses its files and builds pygments' lexers: pay it here
-        Wrong.apply(torch.ones(1, requires_grad=True)).sum().backward()
+        Wrong.apply(torch.ones(1, requires_grad=True)).sum().backward()  # type: ignore[no-untyped-call]
     except RuntimeError:
         shell.InteractiveTB.structured_traceback(*sys.exc_info())
     gc.collect()
@@ -120,20 +124,20 @@ def _compile_once() -> None:
 
     class Twice(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, x):
+        def forward(ctx: Any, x: Any) -> Any:
             return x * 2
 
         @staticmethod
-        def backward(ctx, grad):
+        def backward(ctx: Any, grad: Any) -> Any:
             return grad * 2
 
     x = torch.ones(2, requires_grad=True)
-    torch.autograd.grad(torch.compile(lambda t: Twice.apply(t).sum(), backend="aot_eager", fullgraph=True)(x), x)
+    torch.autograd.grad(torch.compile(lambda t: Twice.apply(t).sum(), backend="aot_eager", fullgraph=True)(x), x)  # type: ignore[no-untyped-call]
     torch._dynamo.reset()  # children start with nothing compiled
 
 
-def _run(control: Channel, config: WorkerConfig, message: dict, buffers: list[bytes], fds: list[int], wake: int,
-         shell) -> None:
+def _run(control: Channel, config: WorkerConfig, message: dict[str, Any], buffers: list[bytearray], fds: list[int],
+         wake: int, shell: InteractiveShell) -> None:
     (channel_fd,) = fds
     limits = Limits.from_message(message["limits"])
     files = dict(zip(message["files"], buffers))
@@ -153,12 +157,13 @@ def _run(control: Channel, config: WorkerConfig, message: dict, buffers: list[by
     })
 
 
-def _wait(control: Channel, pid: int, wake: int, config: WorkerConfig):
+def _wait(control: Channel, pid: int, wake: int, config: WorkerConfig) -> tuple[int, resource.struct_rusage]:
     while True:
         done, status, usage = os.wait4(pid, os.WNOHANG)
         if done:
             return status, usage
-        ready, _, _ = select.select([control, wake], [], [])
+        watched: list[Channel | int] = [control, wake]
+        ready, _, _ = select.select(watched, [], [])
         if wake in ready:
             os.read(wake, 4096)
         if control in ready:

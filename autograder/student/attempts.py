@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import sys
 import threading
+from types import FrameType
+from typing import Any
 
 CELL_FILES = "<ipython-input-"  # the file name IPython gives a cell's code
 FRAMES = {"sys._getframe": "sys._getframe (or inspect's frame functions)", "sys._current_frames": "sys._current_frames"}
@@ -24,7 +26,7 @@ _seen: dict[str, None] = {}
 _busy = threading.local()  # a thread inside the hook: what the hook itself does is not seen
 
 
-def _hook(event: str, args: tuple) -> None:
+def _hook(event: str, args: tuple[Any, ...]) -> None:
     if event in FRAMES:
         what = f"reaches the interpreter's frames with {FRAMES[event]}"
     elif event == "object.__getattr__" and len(args) == 2 and args[1] in FRAME_ATTRIBUTES:
@@ -37,7 +39,7 @@ def _hook(event: str, args: tuple) -> None:
         return
     _busy.inside = True
     try:
-        caller = sys._getframe(1)
+        caller: FrameType | None = sys._getframe(1)
         while caller is not None and caller.f_globals.get("__name__") in HELPERS:
             caller = caller.f_back  # inspect.stack() and the like: who called them
         if caller is not None and caller.f_code.co_filename.startswith(CELL_FILES):
@@ -59,10 +61,10 @@ def take() -> list[str]:
     _seen.clear()
     for kind, installed, remove in (("trace", sys.gettrace(), sys.settrace),
                                     ("profile", sys.getprofile(), sys.setprofile),
-                                    ("thread trace", threading._trace_hook,
-                                     threading.settrace),  # type: ignore[attr-defined]
+                                    ("thread trace", threading._trace_hook,  # type: ignore[attr-defined]
+                                     threading.settrace),
                                     ("thread profile", threading._profile_hook,
-                                     threading.setprofile)):  # type: ignore[attr-defined]
+                                     threading.setprofile)):
         if installed is not None:
             found.append(f"a {kind} function was installed "
                          f"({getattr(installed, '__qualname__', type(installed).__name__)})")

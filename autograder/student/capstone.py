@@ -32,7 +32,7 @@ def _signature(*names: str) -> inspect.Signature:
     return inspect.Signature([inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names])
 
 
-def _laid_out(t: Any, options: dict) -> Any:
+def _laid_out(t: Any, options: dict[str, Any]) -> Any:
     """`t` not contiguous (its values unchanged, its gradient flowing back) when the options say so."""
     if options.get("strided") and probe.differentiable(t):
         return probe.laid_out(t, "strided")
@@ -45,7 +45,7 @@ def as_loss(fn: Any) -> Callable[..., Any]:
     None; a weight tensor goes to the logits' device and dtype)."""
     call = probe.as_callable(fn)
 
-    def loss(logits: torch.Tensor, target: torch.Tensor, options: dict) -> Any:
+    def loss(logits: torch.Tensor, target: torch.Tensor, options: dict[str, Any]) -> Any:
         weight = options.get("weight")
         if isinstance(weight, torch.Tensor):
             weight = weight.to(device=logits.device, dtype=logits.dtype)
@@ -61,7 +61,7 @@ def as_linear_loss(fn: Any) -> Callable[..., Any]:
     ignore_index, chunk_size)`, the three last taken from the dict `options`."""
     call = probe.as_callable(fn)
 
-    def loss(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, options: dict) -> Any:
+    def loss(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, options: dict[str, Any]) -> Any:
         return call(_laid_out(hidden, options), _laid_out(weight, options), target, options.get("reduction", "mean"),
                     options.get("ignore_index", -100), options["chunk_size"])
 
@@ -83,7 +83,7 @@ def with_options(fn: Any, adapter: str, procedure: str, *args: Any) -> Any:
 
 
 @probe.procedure
-def per_sample_grads(fn: Any, args: tuple, dims: list, weights: list) -> dict:
+def per_sample_grads(fn: Any, args: tuple[Any, ...], dims: list[Any], weights: list[Any]) -> dict[str, Any]:
     """Per-sample gradients, vmap(grad(<fn(*sample), w_b>)): every argument is vmapped at its
     entry of `dims` (None: shared by all samples; integer tensors such as targets too), the
     weights along 0; the gradient is taken with respect to each floating-point tensor
@@ -92,7 +92,7 @@ def per_sample_grads(fn: Any, args: tuple, dims: list, weights: list) -> dict:
     args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
     slots = [i for i, a in enumerate(args) if probe.differentiable(a)]
 
-    def one_sample(*values: Any) -> tuple:
+    def one_sample(*values: Any) -> tuple[Any, ...]:
         sample, ws = list(values[: len(args)]), values[len(args):]
 
         def scalar(*tensors: torch.Tensor) -> torch.Tensor:
@@ -101,9 +101,11 @@ def per_sample_grads(fn: Any, args: tuple, dims: list, weights: list) -> dict:
             outs = [o for o in probe.outputs_of(call(*sample)) if probe.differentiable(o)]
             if len(outs) != len(ws):
                 raise TypeError(f"returned {len(outs)} floating-point tensor(s), expected {len(ws)}")
-            return sum((o * w).sum() for o, w in zip(outs, ws))
+            total: torch.Tensor = sum((o * w).sum() for o, w in zip(outs, ws))
+            return total
 
-        return torch.func.grad(scalar, argnums=tuple(range(len(slots))))(*[sample[i] for i in slots])
+        grads: tuple[Any, ...] = torch.func.grad(scalar, argnums=tuple(range(len(slots))))(*[sample[i] for i in slots])
+        return grads
 
     try:
         grads = torch.func.vmap(one_sample, in_dims=tuple(dims) + (0,) * len(weights))(*args, *weights)
@@ -113,7 +115,7 @@ def per_sample_grads(fn: Any, args: tuple, dims: list, weights: list) -> dict:
 
 
 @probe.procedure
-def memory_run(fn: Any, args: tuple, grad_outputs: list) -> dict:
+def memory_run(fn: Any, args: tuple[Any, ...], grad_outputs: list[Any]) -> dict[str, Any]:
     """Memory of one call `fn(*args)` and its backward, counted by `PeakMemory` (the blocks
     torch operations create): forward's peak, what is still alive when forward returns (the
     output, and whatever the call keeps until backward, wherever it keeps it: saved for

@@ -16,12 +16,12 @@ class Cube(torch.autograd.Function):
     can differentiate it again."""
 
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx: Any, x: Any) -> Any:
         ctx.save_for_backward(x)
         return x**3
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx: Any, grad_out: Any) -> Any:
         (x,) = ctx.saved_tensors
         return grad_out * 3 * x**2
 
@@ -31,11 +31,12 @@ class Cube(torch.autograd.Function):
 SIN_X = probe.reference(f"{__name__}:sin_x", lambda x: (x.sin() * x).sum())
 QUADRATIC = probe.reference(f"{__name__}:quadratic", lambda x, a: x.flatten() @ a @ x.flatten() / 2 + (x**4).sum())
 LOGSUMEXP = probe.reference(f"{__name__}:logsumexp", lambda x, w: torch.logsumexp(w @ x.flatten(), 0))
-CUBE_SIN = probe.reference(f"{__name__}:cube_sin", lambda x: Cube.apply(x).sin().sum())
+CUBE_SIN = probe.reference(f"{__name__}:cube_sin",
+                           lambda x: Cube.apply(x).sin().sum())  # type: ignore[no-untyped-call]
 
 
 @probe.procedure
-def call_hvp(hvp: Any, f: Callable, params: list, x: torch.Tensor, v: torch.Tensor) -> dict:
+def call_hvp(hvp: Any, f: Callable[..., Any], params: list[Any], x: torch.Tensor, v: torch.Tensor) -> dict[str, Any]:
     """hvp(f(·, *params), x, v), and what it did to x and with f: whether every f(x) it
     computed had a graph, whether the caller's x changed, and how many backward passes
     reached the tensors it gave f (two for an HVP, one per entry more for a Hessian)."""
@@ -45,7 +46,7 @@ def call_hvp(hvp: Any, f: Callable, params: list, x: torch.Tensor, v: torch.Tens
     def count(grad: torch.Tensor) -> None:
         passes[0] += 1
 
-    def traced(x):
+    def traced(x: Any) -> Any:
         if isinstance(x, torch.Tensor) and x.requires_grad:
             hooks.append(x.register_hook(count))
         values.append(f(x, *params))
@@ -71,7 +72,7 @@ def call_hvp(hvp: Any, f: Callable, params: list, x: torch.Tensor, v: torch.Tens
 
 
 @probe.procedure
-def third_derivative(fn: Any, x: torch.Tensor, directions: list) -> dict:
+def third_derivative(fn: Any, x: torch.Tensor, directions: list[Any]) -> dict[str, Any]:
     """The third derivative of `fn`'s first output along the directions (v, w, u):
     d/dx <d/dx <d/dx <fn(x), v>, w>, u>, autograd differentiating the student's backward,
     and the backward of that backward. {"value": a tensor, or None with "order": the

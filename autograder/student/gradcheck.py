@@ -18,12 +18,12 @@ from . import probe
 _torch_gradcheck = sys.modules["torch.autograd.gradcheck"]
 
 
-def _handed(name: str, fn: Callable) -> Callable:
+def _handed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     """Register `fn`, a function the checks hand to student code: it crosses processes by name."""
     return probe.reference(f"{__name__}:{name}", fn)
 
 
-def _torch_numerical_jacobian(f: Callable, inputs: Sequence[torch.Tensor],
+def _torch_numerical_jacobian(f: Callable[..., Any], inputs: Sequence[torch.Tensor],
                               eps: float = 1e-6) -> list[list[torch.Tensor]]:
     """numerical_jacobian's layout (J[i][j]: output i, input j) from torch's own central
     differences, which stand in for the notebook's while mini_gradcheck is graded."""
@@ -39,31 +39,32 @@ class _OneWrongEntry(torch.autograd.Function):
     by `error` (0.5 or -0.5: too large or too small)."""
 
     @staticmethod
-    def forward(ctx, x, w, row, col, error):
+    def forward(ctx: Any, x: Any, w: Any, row: Any, col: Any, error: Any) -> Any:
         ctx.save_for_backward(x, w)
         ctx.row, ctx.col, ctx.error = row, col, error
         return 2 * x, x @ w
 
     @staticmethod
-    def backward(ctx, grad_double, grad_product):
+    def backward(ctx: Any, grad_double: Any, grad_product: Any) -> Any:
         x, w = ctx.saved_tensors
         grad_w = x.T @ grad_product
         grad_w.view(-1)[ctx.row] += ctx.error * grad_product.reshape(-1)[ctx.col]
         return 2 * grad_double + grad_product @ w.T, grad_w, None, None, None
 
 
-def _elementwise(name: str, forward: Callable, derivative: Callable, *, chain_rule: bool = True):
+def _elementwise(name: str, forward: Callable[..., Any], derivative: Callable[..., Any], *,
+                 chain_rule: bool = True) -> type[torch.autograd.Function]:
     """An elementwise Function: forward(x), and a backward that returns
     grad_output * derivative(x) (or, without the chain rule, derivative(x) alone)."""
 
     class Elementwise(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, x):
+        def forward(ctx: Any, x: Any) -> Any:
             ctx.save_for_backward(x)
             return forward(x)
 
         @staticmethod
-        def backward(ctx, grad_output):
+        def backward(ctx: Any, grad_output: Any) -> Any:
             (x,) = ctx.saved_tensors
             return grad_output * derivative(x) if chain_rule else derivative(x)
 
@@ -92,7 +93,8 @@ SIN_AND_PRODUCT = _handed("sin_and_product", lambda x, y: (x.sin(), x * y))
 # side of the error (analytical above numerical, say) misses half of them.
 ONE_WRONG_ENTRY = {
     (row, col, error): _handed(f"one_wrong_entry_{row}_{col}_{error:+g}",
-                               lambda x, w, row=row, col=col, error=error: _OneWrongEntry.apply(x, w, row, col, error))
+                               lambda x, w, row=row, col=col, error=error:
+                               _OneWrongEntry.apply(x, w, row, col, error))  # type: ignore[no-untyped-call]
     for row in range(6) for col in range(4) for error in (0.5, -0.5)
 }
 TANH_IGNORES_GRAD_OUTPUT = _handed(
@@ -125,7 +127,8 @@ def transposed_view(x: torch.Tensor) -> torch.Tensor:
 
 
 @probe.procedure
-def attempted(student: Callable, f: Callable, inputs: Any, rest: tuple, options: dict, strided: tuple = ()) -> dict:
+def attempted(student: Callable[..., Any], f: Callable[..., Any], inputs: Any, rest: tuple[Any, ...],
+              options: dict[str, Any], strided: tuple[Any, ...] = ()) -> dict[str, Any]:
     """Run `student(f, inputs, *rest, **options)`: its value or what it raised, and
     `inputs` afterwards; the inputs at the positions in `strided` (2-d) are handed over
     laid out as transposed views, which no wire format keeps. Best effort: the exception's
@@ -140,7 +143,7 @@ def attempted(student: Callable, f: Callable, inputs: Any, rest: tuple, options:
     return {"value": value, "raised": raised, "inputs": inputs}
 
 
-def _described(exc: Exception) -> dict:
+def _described(exc: Exception) -> dict[str, Any]:
     mismatch = all(hasattr(exc, name) for name in REPORT_FIELDS)
     report = {name: _plain(getattr(exc, name)) for name in REPORT_FIELDS} if mismatch else None
     return {"type": type(exc).__name__, "message": str(exc), "type_error": isinstance(exc, TypeError),
@@ -158,25 +161,25 @@ def _plain(value: Any) -> Any:
 
 class _Normalize(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx: Any, x: Any) -> Any:
         s = x.sum()
         ctx.save_for_backward(s)
         return x / s
 
     @staticmethod
-    def backward(ctx, grad_output):
+    def backward(ctx: Any, grad_output: Any) -> Any:
         (s,) = ctx.saved_tensors
         return grad_output / s
 
 
 class _Cube(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx: Any, x: Any) -> Any:
         ctx.save_for_backward(x)
         return x**3
 
     @staticmethod
-    def backward(ctx, grad_output):
+    def backward(ctx: Any, grad_output: Any) -> Any:
         (x,) = ctx.saved_tensors
         return 3 * x**2
 
@@ -186,15 +189,15 @@ _A = torch.tensor([[1.0, 2.0, 0.0], [0.0, 1.0, 3.0], [4.0, 0.0, 1.0]], dtype=tor
 
 class _MatVec(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx: Any, x: Any) -> Any:
         return _A @ x
 
     @staticmethod
-    def backward(ctx, grad_output):
+    def backward(ctx: Any, grad_output: Any) -> Any:
         return _A @ grad_output
 
 
-def diagnosis_cases() -> dict[str, tuple[str, Callable, tuple, dict]]:
+def diagnosis_cases() -> dict[str, tuple[str, Callable[..., Any], tuple[Any, ...], dict[str, Any]]]:
     """{question: (what is checked, function, inputs, gradcheck options)}; the code stays
     hidden so that the message is all there is to read."""
 

@@ -15,7 +15,7 @@ sum_to_size = probe.reference(f"{__name__}:sum_to_size", lambda grad, shape: gra
 
 
 @probe.procedure
-def run_unbroadcast(student: Any, grad: torch.Tensor, shape: tuple, as_size: bool) -> dict:
+def run_unbroadcast(student: Any, grad: torch.Tensor, shape: tuple[Any, ...], as_size: bool) -> dict[str, Any]:
     """Call the student's unbroadcast (with `shape` as a torch.Size if `as_size`, as in a
     backward). Whether it changed grad is reported by the student's process: best effort."""
     before = None if grad.device.type == "meta" else grad.clone()
@@ -54,7 +54,7 @@ def _grid(ax: Any, x0: float, y0: float, labels: list[list[str]], title: str, co
     ax.text(x0 + len(labels[0]) * width / 2, y0 + 0.3, title, ha="center", va="bottom", fontsize=9.5)
 
 
-def _arrow(ax: Any, start: tuple, end: tuple, text: str = "", below: bool = False) -> None:
+def _arrow(ax: Any, start: tuple[Any, ...], end: tuple[Any, ...], text: str = "", below: bool = False) -> None:
     from matplotlib.patches import FancyArrowPatch
 
     ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=12, color="#333333"))

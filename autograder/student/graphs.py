@@ -17,7 +17,7 @@ answered, and claims about it checked, in code.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import torch
 
@@ -83,7 +83,7 @@ class Graph:
     def __str__(self) -> str:
         return self.text if self.message is None else f"{self.message}\n{self.text}"
 
-    def _repr_mimebundle_(self, include=None, exclude=None) -> dict[str, str]:
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
         if self.svg is None:
             return {"text/plain": str(self)}
         return {"image/svg+xml": self.svg, "text/plain": self.text}
@@ -125,7 +125,7 @@ def draw(
     return graph
 
 
-def _walk(roots) -> list[Any]:
+def _walk(roots: Iterable[torch.Tensor]) -> list[Any]:
     """The nodes reachable from the roots' grad_fns, depth first, each once."""
     order, seen = [], set()
     stack = [t.grad_fn for t in reversed(list(roots)) if t.grad_fn is not None]
@@ -139,7 +139,7 @@ def _walk(roots) -> list[Any]:
     return order
 
 
-def _saved_tensors(fn) -> list[torch.Tensor]:
+def _saved_tensors(fn: Any) -> list[torch.Tensor]:
     """What `fn` saved for backward; raises RuntimeError once a backward freed it."""
     if isinstance(fn, torch.autograd.function.BackwardCFunction):  # a custom Function's node
         return [t for t in fn.saved_tensors if t is not None]
@@ -153,7 +153,7 @@ def _saved_tensors(fn) -> list[torch.Tensor]:
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Same storage, offset, shape, stride and dtype: the same tensor, even unpacked anew."""
-    def key(t):
+    def key(t: torch.Tensor) -> tuple[Any, ...]:
         return (t.untyped_storage().data_ptr(), t.storage_offset(), t.shape, t.stride(), t.dtype)
     return a is b or (a.device == b.device and a.device.type != "meta" and key(a) == key(b))
 
@@ -162,7 +162,7 @@ def _name_of(t: torch.Tensor, names: Mapping[str, torch.Tensor]) -> str:
     return next((k for k, v in names.items() if _same(t, v)), f"unnamed {tuple(t.shape)}")
 
 
-def _node(fn, names: Mapping[str, torch.Tensor], *, backward_pass: bool) -> Node:
+def _node(fn: Any, names: Mapping[str, torch.Tensor], *, backward_pass: bool) -> Node:
     leaf = _name_of(fn.variable, names) if hasattr(fn, "variable") else None
     next_functions = [type(n).__name__ for n, _ in fn.next_functions if n is not None]
     try:
@@ -172,7 +172,8 @@ def _node(fn, names: Mapping[str, torch.Tensor], *, backward_pass: bool) -> Node
     return Node(type(fn).__name__, saved, leaf, backward_pass, next_functions)
 
 
-def _text(outputs, grads, fns: list, nodes: list[Node]) -> str:
+def _text(outputs: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor], fns: list[Any],
+          nodes: list[Node]) -> str:
     """The graph as an indented tree: each root's grad_fn, then its next functions."""
     index = {fn: i for i, fn in enumerate(fns)}
     lines, shown = [], set()
@@ -189,7 +190,7 @@ def _text(outputs, grads, fns: list, nodes: list[Node]) -> str:
             parts.append("[recorded by the backward pass]")
         return "  ".join(parts)
 
-    def visit(fn, depth: int) -> None:
+    def visit(fn: Any, depth: int) -> None:
         i = index[fn]
         if i in shown:
             lines.append("  " * depth + f"{nodes[i].name} (shown above)")
@@ -210,7 +211,7 @@ def _text(outputs, grads, fns: list, nodes: list[Node]) -> str:
     return "\n".join(lines)
 
 
-def _touch_up(dot, fns: list, nodes: list[Node]) -> None:
+def _touch_up(dot: Any, fns: list[Any], nodes: list[Node]) -> None:
     """Re-declare nodes after torchviz's own statements: in DOT the later attributes win."""
     for fn, node in zip(fns, nodes):
         label = node.name
@@ -224,7 +225,7 @@ def _touch_up(dot, fns: list, nodes: list[Node]) -> None:
             dot.node(str(id(fn.variable)), fillcolor=LEAF_COLOUR)
 
 
-def _render(dot) -> tuple[str | None, str | None]:
+def _render(dot: Any) -> tuple[str | None, str | None]:
     """(SVG, None), or (None, what to install) when Graphviz's `dot` is missing."""
     import graphviz
 

@@ -30,6 +30,7 @@ import time
 import zipfile
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # what nbgrader's folders and zip_collect accept
 ASSIGNMENT = re.compile(r"(\d\d_[a-z0-9_]+?)(?: \(\d+\))?\.ipynb$")  # also "Copy of 03_x.ipynb", "03_x (1).ipynb"
@@ -47,8 +48,8 @@ class HandInError(Exception):
 SAVE_WAIT = 5.0  # seconds the notebook's page has to save it
 
 
-def hand_in(student: str, assignment: str | None = None, *, notebook: str | os.PathLike | None = None,
-            to: str | os.PathLike | None = None, download: bool = True) -> Path | None:
+def hand_in(student: str, assignment: str | None = None, *, notebook: str | os.PathLike[str] | None = None,
+            to: str | os.PathLike[str] | None = None, download: bool = True) -> Path | None:
     """Save this notebook and write `STUDENT__ASSIGNMENT.zip`, its submission; return its path.
 
     `student`: your student id, as your instructor gave it (letters, digits, `_ . -`).
@@ -100,13 +101,14 @@ def _in_colab() -> bool:
     return "google.colab" in sys.modules
 
 
-def _this_notebook(notebook: str | os.PathLike | None) -> tuple[dict, str | None, Path]:
+def _this_notebook(notebook: str | os.PathLike[str] | None) -> tuple[dict[str, Any], str | None, Path]:
     """(notebook JSON, its file name if known, the folder to write to)."""
+    path: Path | None
     if notebook is not None:
         path = Path(notebook)
         return _read(path), path.name, path.resolve().parent
     if _in_colab():
-        from google.colab import _message  # type: ignore[import-not-found]
+        from google.colab import _message
 
         nb = _message.blocking_request("get_ipynb", timeout_sec=60)["ipynb"]  # the page's notebook, as shown
         _refuse_if_stale(nb, "the notebook Colab sent", "wait until Colab shows every cell's output, then run "
@@ -136,7 +138,7 @@ def _kernel_notebook() -> Path | None:
     return None
 
 
-def _shell():
+def _shell() -> Any:
     """The IPython shell this runs in, or None."""
     ipython = sys.modules.get("IPython")
     return ipython.get_ipython() if ipython is not None else None
@@ -155,7 +157,7 @@ if (Date.now() < {until}) {{
 """
 
 
-def _saved(path: Path) -> dict:
+def _saved(path: Path) -> dict[str, Any]:
     """The notebook as its page shows it: the page is asked to save it, and the file is read
     once it holds the cells this kernel ran (else HandInError says to save)."""
     before = path.stat().st_mtime_ns
@@ -177,15 +179,16 @@ def _saved(path: Path) -> dict:
     return nb  # saved now, though its last run is gone (a cell run, then deleted)
 
 
-def _read_written(path: Path) -> dict | None:
+def _read_written(path: Path) -> dict[str, Any] | None:
     """The notebook, or None while the server is still writing it (it writes in place)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        nb: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        return nb
     except (OSError, ValueError):
         return None
 
 
-def _ask_page_to_save():
+def _ask_page_to_save() -> Any:
     """Send the page the script that saves it; its display handle (None outside IPython)."""
     if _shell() is None:
         return None
@@ -194,7 +197,7 @@ def _ask_page_to_save():
     return display(Javascript(SAVE_SCRIPT.format(until=int((time.time() + 60) * 1000))), display_id=True)
 
 
-def _unsaved_runs(nb: dict) -> list[int]:
+def _unsaved_runs(nb: dict[str, Any]) -> list[int]:
     """Execution counts of cells this kernel ran before this one (hand-in calls aside) that
     `nb` does not show: the last run must be there, with its count."""
     shell = _shell()
@@ -208,15 +211,16 @@ def _unsaved_runs(nb: dict) -> list[int]:
     return [] if runs[-1] in shown else [runs[-1]]
 
 
-def _refuse_if_stale(nb: dict, what: str, remedy: str) -> None:
+def _refuse_if_stale(nb: dict[str, Any], what: str, remedy: str) -> None:
     missing = _unsaved_runs(nb)
     if missing:
         raise HandInError(f"{what} does not hold your latest cells (In [{missing[0]}] is not in it): {remedy}.")
 
 
-def _read(path: Path) -> dict:
+def _read(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        nb: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        return nb
     except (OSError, ValueError) as error:
         raise HandInError(f"cannot read {path}: {error}") from None
 
@@ -226,23 +230,23 @@ def _assignment_of(name: str | None) -> str | None:
     return found.group(1) if found else None
 
 
-def _cells(nb: dict) -> list[dict]:
+def _cells(nb: dict[str, Any]) -> list[dict[str, Any]]:
     return [c for c in nb.get("cells", []) if isinstance(c, dict)]
 
 
-def _source(cell: dict) -> str:
+def _source(cell: dict[str, Any]) -> str:
     source = cell.get("source", "")
     return "".join(source) if isinstance(source, list) else str(source)
 
 
-def _check_course_notebook(nb: dict) -> None:
+def _check_course_notebook(nb: dict[str, Any]) -> None:
     graded = [c for c in _cells(nb) if c.get("metadata", {}).get("nbgrader")]
     if not graded:
         raise HandInError("this notebook has none of the course's cells (their nbgrader metadata is gone): hand in "
                           "the notebook you opened from the course, with your answers in its answer cells.")
 
 
-def _unanswered(nb: dict) -> list[str]:
+def _unanswered(nb: dict[str, Any]) -> list[str]:
     return [c["metadata"]["nbgrader"].get("grade_id", "?") for c in _cells(nb)
             if c.get("metadata", {}).get("nbgrader", {}).get("solution") and STUB in _source(c)]
 

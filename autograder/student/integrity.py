@@ -40,7 +40,7 @@ _MISSING = object()
 
 
 def _watched() -> dict[str, Any]:
-    found = {name: importlib.import_module(name) for name in WATCHED}
+    found: dict[str, Any] = {name: importlib.import_module(name) for name in WATCHED}
     top = __package__.split(".")[0]  # the course's own modules in this process: student/, runner/, isolation/
     found.update({name: module for name, module in sys.modules.items() if name == top or name.startswith(top + ".")})
     found.update({f"{c.__module__}.{c.__qualname__}": c for c in CLASSES})

@@ -53,9 +53,10 @@ class AutogradWatch:
         finally:
             with _quiet_stderr():
                 profile.__exit__(None, None, None)
+            assert profile.kineto_results is not None  # __exit__ has collected them
             self.evidence += self._found(profile.kineto_results.events())
 
-    def _found(self, events: list) -> list[str]:
+    def _found(self, events: list[Any]) -> list[str]:
         """The nodes and forward-AD operations that ran while the Function was applied (before
         the engine first ran its node) or inside its node."""
         spans = sorted((e.start_ns(), e.start_ns() + e.duration_ns()) for e in events if e.name() == self.own)
@@ -79,7 +80,8 @@ def _quiet_stderr() -> Iterator[None]:
         yield
     finally:
         os.dup2(saved, 2)
-        os.close(saved), os.close(null)
+        os.close(saved)
+        os.close(null)
 
 # Calls that multiply matrices: what a gradient nobody needs must not cost.
 MATMULS = frozenset(
@@ -92,7 +94,7 @@ class _Recorder(TorchFunctionMode):
         super().__init__()
         self.counts = counts
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         self.counts[getattr(func, "__name__", str(func))] += 1
         return func(*args, **(kwargs or {}))
 
@@ -120,19 +122,19 @@ def backward_calls(function: type[torch.autograd.Function]) -> Iterator[Backward
     original = inspect.getattr_static(function, "backward")
     backward = original.__func__ if isinstance(original, staticmethod) else original
 
-    def recorded(ctx, *grads):
+    def recorded(ctx: Any, *grads: Any) -> Any:
         record.received.append([g is None for g in grads])
         with _Recorder(record.calls):
             result = backward(ctx, *grads)
         record.returned.append(result)
         return result
 
-    function.backward = staticmethod(recorded)
+    function.backward = staticmethod(recorded)  # type: ignore[method-assign]  # wrapped while recording
     try:
         yield record
     finally:
         if own:
-            function.backward = original
+            function.backward = original  # type: ignore[method-assign]
         else:
             del function.backward
 
@@ -151,7 +153,7 @@ class BackwardFacts:
         return sum(n for name, n in self.calls.items() if name in MATMULS)
 
 
-def record_backward(function: type[torch.autograd.Function], args: tuple,
+def record_backward(function: type[torch.autograd.Function], args: tuple[Any, ...],
                     used: list[int] | None = None) -> BackwardFacts:
     """Apply `function` to `args` (tensors keep their requires_grad), run backward with
     gradients of ones for its outputs (for the outputs numbered in `used` only, if given:
@@ -170,7 +172,8 @@ def record_backward(function: type[torch.autograd.Function], args: tuple,
 
 
 @probe.procedure
-def _record_backward(function: type[torch.autograd.Function], args: tuple, used: list | None = None) -> dict:
+def _record_backward(function: type[torch.autograd.Function], args: tuple[Any, ...],
+                     used: list[Any] | None = None) -> dict[str, Any]:
     if not (isinstance(function, type) and issubclass(function, torch.autograd.Function)):
         error = probe.ProbeError("forward", "TypeError", f"{function!r} is not a torch.autograd.Function")
         return {"calls": {}, "returned": [], "error": asdict(error)}

@@ -99,7 +99,7 @@ class SavedMemory(torch.autograd.graph.saved_tensors_hooks):
 
         super().__init__(pack, inner_unpack)
 
-    def __enter__(self) -> "SavedMemory":
+    def __enter__(self) -> "SavedMemory":  # type: ignore[override]  # torch's gives None; this, the recorder
         super().__enter__()
         return self
 
@@ -182,8 +182,8 @@ def _generator_states(devices: list[int]) -> list[torch.Tensor]:
 
 
 @probe.procedure
-def checkpoint_run(function: Any, block: Callable[..., torch.Tensor], args: tuple, grad_output: torch.Tensor,
-                   seed: int) -> dict:
+def checkpoint_run(function: Any, block: Callable[..., torch.Tensor], args: tuple[Any, ...], grad_output: torch.Tensor,
+                   seed: int) -> dict[str, Any]:
     """Seed the generators with `seed`, apply `function(block, *args)`, draw one random number
     (as another layer would between forward and backward), then backward with `grad_output`.
 
@@ -197,6 +197,7 @@ def checkpoint_run(function: Any, block: Callable[..., torch.Tensor], args: tupl
         return block(*inputs)
 
     devices = _cuda_devices(args)
+    report: dict[str, Any]
     stage, report = "forward", {"output": None, "grads": [], "generator_kept": True, "calls": 0, "error": None}
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
@@ -233,13 +234,13 @@ def hooks_graph(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.T
 HOOKS_GRAPH = probe.reference(f"{__name__}:hooks_graph", hooks_graph)
 
 
-def _describe_packed(packed: Any) -> list[dict]:
+def _describe_packed(packed: Any) -> list[dict[str, Any]]:
     return [{"dtype": str(p.dtype).removeprefix("torch."), "nbytes": nbytes(p), "shape": list(p.shape)}
             for p in _tensors_in(packed)]
 
 
 @probe.procedure
-def hooks_run(hooks_class: Any, graph: Callable[..., torch.Tensor], args: tuple) -> dict:
+def hooks_run(hooks_class: Any, graph: Callable[..., torch.Tensor], args: tuple[Any, ...]) -> dict[str, Any]:
     """`graph(*args)` under the pack and unpack hooks of `hooks_class()`, then backward.
 
     For every saved tensor: its dtype, shape, device and bytes, whether it is a parameter
@@ -247,7 +248,7 @@ def hooks_run(hooks_class: Any, graph: Callable[..., torch.Tensor], args: tuple)
     saved tensor's own memory), and what unpack gave back (dtype, shape, device, and whether
     its values are the saved ones: exactly, or the largest relative difference). Then the
     gradients of the arguments that require grad."""
-    report: dict = {"error": None, "saved": [], "grads": []}
+    report: dict[str, Any] = {"error": None, "saved": [], "grads": []}
     stage = "create"
     try:
         hooks = hooks_class()
@@ -255,7 +256,7 @@ def hooks_run(hooks_class: Any, graph: Callable[..., torch.Tensor], args: tuple)
     except Exception as exc:  # the student's code may raise anything
         report["error"] = asdict(probe.ProbeError.of(stage, exc))
         return report
-    saved: list[dict] = report["saved"]
+    saved: list[dict[str, Any]] = report["saved"]
 
     def wrapped_pack(t: torch.Tensor) -> Any:
         nonlocal stage
@@ -274,12 +275,12 @@ def hooks_run(hooks_class: Any, graph: Callable[..., torch.Tensor], args: tuple)
         saved.append(record)
         return (len(saved) - 1, t, packed)
 
-    def wrapped_unpack(stored: Any) -> torch.Tensor:
+    def wrapped_unpack(stored: Any) -> Any:
         nonlocal stage
         stage = "unpack"
         i, t, packed = stored
         u = unpack(packed)
-        record = {"type": type(u).__name__}
+        record: dict[str, Any] = {"type": type(u).__name__}
         if isinstance(u, torch.Tensor):
             record.update(dtype=str(u.dtype).removeprefix("torch."), shape=list(u.shape), device=u.device.type)
             if t.device.type != "meta" and u.device == t.device and u.shape == t.shape:

@@ -25,11 +25,11 @@ from . import probe
 BACKENDS = ("eager", "aot_eager")  # torch.compile backends that need no C++ compiler
 
 
-def _error(stage: str, exc: BaseException) -> dict:
+def _error(stage: str, exc: BaseException) -> dict[str, Any]:
     return asdict(probe.ProbeError(stage, type(exc).__name__, str(exc)))
 
 
-def _detached(values: Sequence[Any]) -> list:
+def _detached(values: Sequence[Any]) -> list[Any]:
     return [v.detach() if isinstance(v, torch.Tensor) else v for v in values]
 
 
@@ -38,7 +38,7 @@ def slots_of(args: Sequence[Any]) -> list[int]:
     return [i for i, a in enumerate(args) if probe.differentiable(a)]
 
 
-def with_tensors(args: Sequence[Any], slots: Sequence[int], tensors: Sequence[Any]) -> list:
+def with_tensors(args: Sequence[Any], slots: Sequence[int], tensors: Sequence[Any]) -> list[Any]:
     full = list(args)
     for i, t in zip(slots, tensors):
         full[i] = t
@@ -49,11 +49,11 @@ def _outputs(result: Any) -> list[torch.Tensor]:
     return [o.detach() for o in probe.outputs_of(result)]
 
 
-def _inner(fn: Any, weights: Sequence[torch.Tensor]) -> Callable[..., torch.Tensor]:
+def _inner(fn: Any, weights: Sequence[torch.Tensor]) -> Callable[..., torch.Tensor | int]:
     """<fn(*args), weights>: the scalar whose gradient is the vector-Jacobian product."""
     call = probe.as_callable(fn)
 
-    def scalar(*args):
+    def scalar(*args: Any) -> torch.Tensor | int:
         outs = [o for o in probe.outputs_of(call(*args)) if probe.differentiable(o)]
         if len(outs) != len(weights):
             raise TypeError(f"returned {len(outs)} floating-point tensor(s), expected {len(weights)}")
@@ -85,18 +85,19 @@ def stderr_captured() -> Iterator[list[str]]:
 def vmap_fallback(enabled: bool) -> Iterator[None]:
     """vmap's fallback on or off: without it, an operator that has no batching rule (a custom
     op without `register_vmap`) raises instead of running once per sample."""
-    before = torch._C._functorch._is_vmap_fallback_enabled()
-    torch._C._functorch._set_vmap_fallback_enabled(enabled)
+    functorch: Any = torch._C._functorch  # its vmap-fallback switches are private, not in torch's stubs
+    before = functorch._is_vmap_fallback_enabled()
+    functorch._set_vmap_fallback_enabled(enabled)
     try:
         yield
     finally:
-        torch._C._functorch._set_vmap_fallback_enabled(before)
+        functorch._set_vmap_fallback_enabled(before)
 
 
 # --- What a Function class declares (best effort, for messages) -------------------------------
 
 @probe.procedure
-def describe(fn: Any) -> dict:
+def describe(fn: Any) -> dict[str, Any]:
     """Which style a Function is written in, and which of the modern methods it overrides.
     For a `torch.library.custom_op`: its name and whether fake and autograd kernels were
     registered."""
@@ -129,7 +130,7 @@ def describe(fn: Any) -> dict:
 # --- torch.func: grad and jacrev ---------------------------------------------------------------
 
 @probe.procedure
-def func_grad(fn: Any, args: tuple, weights: list) -> dict:
+def func_grad(fn: Any, args: Sequence[Any], weights: list[Any]) -> dict[str, Any]:
     """torch.func.grad of <fn(*args), weights> with respect to every floating-point tensor
     argument, and torch.func.jacrev of fn with respect to them (one output only)."""
     args = _detached(args)
@@ -157,8 +158,8 @@ def func_grad(fn: Any, args: tuple, weights: list) -> dict:
 # --- torch.func.vmap -------------------------------------------------------------------------
 
 @probe.procedure
-def vmapped(fn: Any, args: tuple, levels: list, weights: list | None, grad_of_vmap: list | None,
-            fallback: bool = True) -> dict:
+def vmapped(fn: Any, args: tuple[Any, ...], levels: list[Any], weights: list[Any] | None,
+            grad_of_vmap: list[Any] | None, fallback: bool = True) -> dict[str, Any]:
     """fn under torch.func.vmap, one level per entry of `levels` (in_dims tuples, the outermost
     first; out_dims 0 at every level). Without `fallback`, an operator with no batching rule
     raises instead of running once per sample.
@@ -171,7 +172,8 @@ def vmapped(fn: Any, args: tuple, levels: list, weights: list | None, grad_of_vm
         return _vmapped(fn, _detached(args), levels, weights, grad_of_vmap)
 
 
-def _vmapped(fn: Any, args: list, levels: list, weights: list | None, grad_of_vmap: list | None) -> dict:
+def _vmapped(fn: Any, args: list[Any], levels: list[Any], weights: list[Any] | None,
+             grad_of_vmap: list[Any] | None) -> dict[str, Any]:
     call = probe.as_callable(fn)
     found: dict[str, Any] = {"outputs": None, "error": None, "per_sample": None, "per_sample_error": None,
                              "grad_of_vmap": None, "grad_of_vmap_error": None}
@@ -186,7 +188,7 @@ def _vmapped(fn: Any, args: list, levels: list, weights: list | None, grad_of_vm
     if weights is not None and len(levels) == 1:
         dims = tuple(levels[0])
 
-        def per_sample(*tensors_and_weights):
+        def per_sample(*tensors_and_weights: Any) -> torch.Tensor | int:
             tensors, ws = tensors_and_weights[: len(slots)], tensors_and_weights[len(slots):]
             return _inner(fn, ws)(*with_tensors(args, slots, tensors))
 
@@ -201,7 +203,7 @@ def _vmapped(fn: Any, args: list, levels: list, weights: list | None, grad_of_vm
     if grad_of_vmap is not None and len(levels) == 1:
         dims = tuple(levels[0])
 
-        def batched_scalar(*tensors):
+        def batched_scalar(*tensors: Any) -> Any:
             out = torch.func.vmap(call, in_dims=dims)(*with_tensors(args, slots, tensors))
             outs = [o for o in probe.outputs_of(out) if probe.differentiable(o)]
             return sum((o * w).sum() for o, w in zip(outs, grad_of_vmap))
@@ -217,7 +219,8 @@ def _vmapped(fn: Any, args: list, levels: list, weights: list | None, grad_of_vm
 # --- Forward-mode AD ---------------------------------------------------------------------------
 
 @probe.procedure
-def forward_ad(fn: Any, args: tuple, tangent_sets: list, hessian_weights: list | None) -> dict:
+def forward_ad(fn: Any, args: Sequence[Any], tangent_sets: list[Any],
+               hessian_weights: list[Any] | None) -> dict[str, Any]:
     """For each set of tangents (one per argument, None for none): the primal and tangent
     outputs of fn with torch.autograd.forward_ad dual tensors (a missing tangent is zero).
     Then torch.func.jacfwd with respect to every floating-point tensor argument (one output
@@ -227,7 +230,7 @@ def forward_ad(fn: Any, args: tuple, tangent_sets: list, hessian_weights: list |
 
     args = _detached(args)
     call = probe.as_callable(fn)
-    runs = []
+    runs: list[dict[str, Any]] = []
     for tangents in tangent_sets:
         try:
             with fwAD.dual_level():
@@ -263,7 +266,7 @@ def forward_ad(fn: Any, args: tuple, tangent_sets: list, hessian_weights: list |
 
 
 @probe.procedure
-def forward_ad_gradcheck(fn: Any, args: tuple) -> dict | None:
+def forward_ad_gradcheck(fn: Any, args: Sequence[Any]) -> dict[str, Any] | None:
     """torch.autograd.gradcheck(check_forward_ad=True) of fn, as the student would run it
     (reported by the student's process: best effort; the judging side's own finite
     differences are what counts)."""
@@ -286,7 +289,7 @@ def forward_ad_gradcheck(fn: Any, args: tuple) -> dict | None:
 # --- torch.library custom ops -----------------------------------------------------------------
 
 @probe.procedure
-def opcheck(op: Any, samples: list) -> list:
+def opcheck(op: Any, samples: list[Any]) -> list[Any]:
     """torch.library.opcheck(op, args) for each argument tuple: {test: result} or the error
     (reported by the student's process: best effort)."""
     found = []
@@ -300,7 +303,7 @@ def opcheck(op: Any, samples: list) -> list:
 
 
 @probe.procedure
-def fake_outputs(op: Any, args: tuple) -> dict:
+def fake_outputs(op: Any, args: Sequence[Any]) -> dict[str, Any]:
     """Shapes, dtypes and devices of op's outputs on fake tensors (what torch.compile and
     opcheck see: the register_fake kernel)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -320,7 +323,7 @@ def fake_outputs(op: Any, args: tuple) -> dict:
 # --- torch.compile -----------------------------------------------------------------------------
 
 @probe.procedure
-def compiled(fn: Any, args: tuple, weights: list, backend: str, fullgraph: bool) -> dict:
+def compiled(fn: Any, args: Sequence[Any], weights: list[Any], backend: str, fullgraph: bool) -> dict[str, Any]:
     """fn(*args) under torch.compile(backend=backend, fullgraph=fullgraph): its outputs and the
     gradients of <outputs, weights> with respect to the floating-point tensor arguments, and
     the operators of the graphs the compiler received, their subgraphs included (a Function's
@@ -333,7 +336,7 @@ def compiled(fn: Any, args: tuple, weights: list, backend: str, fullgraph: bool)
     inner = torch._dynamo.lookup_backend(backend)
     graphs: list[list[str]] = []
 
-    def recording(gm, example_inputs):  # a Function's forward and backward are subgraphs of gm
+    def recording(gm: Any, example_inputs: Any) -> Any:  # a Function's forward and backward are subgraphs of gm
         graphs.append(sorted({str(node.target) for module in gm.modules() if isinstance(module, torch.fx.GraphModule)
                               for node in module.graph.nodes if node.op == "call_function"}))
         return inner(gm, example_inputs)

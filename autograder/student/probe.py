@@ -13,7 +13,7 @@ import contextlib
 import contextvars
 import inspect
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, cast
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -87,7 +87,7 @@ class Probe:
             raise Malformed(f"malformed probe: {bad}") from None
 
 
-def _tensors(values: Any, optional: bool = False) -> list:
+def _tensors(values: Any, optional: bool = False) -> list[Any]:
     if not isinstance(values, list) or not all(
         isinstance(v, torch.Tensor) or (optional and v is None) for v in values
     ):
@@ -200,7 +200,7 @@ def reference(key: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def as_callable(fn: Any) -> Callable[..., Any]:
+def as_callable(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`Function` subclasses are called through `.apply`; anything else directly."""
     if isinstance(fn, type) and issubclass(fn, torch.autograd.Function):
         return fn.apply
@@ -290,7 +290,7 @@ class Run:
     layouts: Sequence[str] | None = None
     watch: bool = False
 
-    def plain(self) -> list:
+    def plain(self) -> list[Any]:
         return [tuple(self.args), [list(vs) for vs in self.grad_outputs],
                 None if self.grad_grads is None else list(self.grad_grads),
                 None if self.layouts is None else list(self.layouts), self.watch]
@@ -306,7 +306,7 @@ def run_many(fn: Any, runs: Sequence[Run]) -> list[Probe]:
 
 
 @procedure
-def _run_many(fn: Any, runs: list) -> list:
+def _run_many(fn: Any, runs: list[Any]) -> list[Any]:
     return [_run(fn, *r) for r in runs]
 
 
@@ -330,8 +330,8 @@ def laid_out(v: torch.Tensor, layout: str) -> torch.Tensor:
     return v
 
 
-def _run(fn: Any, args: tuple, grad_outputs: list, grad_grads: list | None, layouts: list | None = None,
-         watch: bool = False) -> dict:
+def _run(fn: Any, args: tuple[Any, ...], grad_outputs: list[Any], grad_grads: list[Any] | None,
+         layouts: list[Any] | None = None, watch: bool = False) -> dict[str, Any]:
     if not (watch and isinstance(fn, type) and issubclass(fn, torch.autograd.Function)):
         return _probed(fn, args, grad_outputs, grad_grads, layouts)
     from .introspect import AutogradWatch
@@ -341,7 +341,8 @@ def _run(fn: Any, args: tuple, grad_outputs: list, grad_grads: list | None, layo
     return {**found, "asked_autograd": watched.evidence}
 
 
-def _probed(fn: Any, args: tuple, grad_outputs: list, grad_grads: list | None, layouts: list | None) -> dict:
+def _probed(fn: Any, args: tuple[Any, ...], grad_outputs: list[Any], grad_grads: list[Any] | None,
+            layouts: list[Any] | None) -> dict[str, Any]:
     call = as_callable(fn)
     probe = Probe()
     wrt = [a for a in args if differentiable(a) and a.requires_grad]
@@ -375,6 +376,7 @@ def _probed(fn: Any, args: tuple, grad_outputs: list, grad_grads: list | None, l
             probe.grads.append([None if g is None else g.detach() for g in grads])
             if second:
                 stage = "double backward"
+                assert grad_grads is not None  # (second)
                 probe.grads2 = _second_order(grads, grad_grads, [*wrt, *(v for _, v in pairs)])
     except Exception as exc:  # the student's code may raise anything
         probe.error = ProbeError.of(stage, exc)
@@ -411,16 +413,17 @@ def forward(fn: Any, args: Sequence[Any]) -> list[torch.Tensor] | ProbeError:
         return ProbeError.of("forward", exc)
 
 
-def forward_many(fn: Any, arg_sets: list[tuple]) -> list[list[torch.Tensor] | ProbeError]:
+def forward_many(fn: Any, arg_sets: list[tuple[Any, ...]]) -> list[list[torch.Tensor] | ProbeError]:
     """Forward outputs for many argument tuples (finite differences need dozens)."""
     results = invoke(_forward_many, fn, list(arg_sets))
     if not isinstance(results, list) or len(results) != len(arg_sets):
         raise Malformed("malformed forward results")
-    return [ProbeError.from_data(r) if isinstance(r, dict) else _tensors(r) for r in results]
+    # (from_data gives None for None only)
+    return [cast(ProbeError, ProbeError.from_data(r)) if isinstance(r, dict) else _tensors(r) for r in results]
 
 
 @procedure
-def _forward_many(fn: Any, arg_sets: list[tuple]) -> list:
+def _forward_many(fn: Any, arg_sets: list[tuple[Any, ...]]) -> list[Any]:
     results = [forward(fn, args) for args in arg_sets]
     return [asdict(r) if isinstance(r, ProbeError) else r for r in results]
 
@@ -449,7 +452,7 @@ def meta(fn: Any, arg_sets: Sequence[Sequence[Any]]) -> list[OnMeta]:
 
 
 @procedure
-def _meta_many(fn: Any, arg_sets: list) -> list:
+def _meta_many(fn: Any, arg_sets: list[Any]) -> list[Any]:
     return [_meta(fn, args) for args in arg_sets]
 
 
@@ -458,10 +461,10 @@ META_OPERATIONS = 1000  # on the meta device each costs a millisecond or so: an 
 
 class _CopiesToCpu(TorchDispatchMode):
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # torch's is unannotated
         self.operations = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         self.operations += 1
         if self.operations > META_OPERATIONS:
@@ -474,7 +477,7 @@ class _CopiesToCpu(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def _meta(fn: Any, args: tuple) -> dict:
+def _meta(fn: Any, args: tuple[Any, ...]) -> dict[str, Any]:
     wrt = [a for a in args if differentiable(a)]
     found, stage = OnMeta(), "forward"
     try:
@@ -507,10 +510,10 @@ def substituted(student: Any, replacements: dict[str, Callable[..., Any]]) -> It
             invoke(_restore_names, student)
 
 
-_REPLACED: list[tuple[dict, dict]] = []  # (namespace, its own values of the replaced names)
+_REPLACED: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (namespace, its own values of the replaced names)
 
 
-def _namespace(student: Any) -> dict:
+def _namespace(student: Any) -> dict[str, Any]:
     """The globals the student's code looks names up in: a Function's (its backward's), an
     nn.Module's (its forward's), a custom op's (its function's), or a function's own."""
     if isinstance(student, type) and issubclass(student, torch.autograd.Function):
@@ -527,7 +530,7 @@ def _namespace(student: Any) -> dict:
 
 
 @procedure
-def _replace_names(student: Any, replacements: dict) -> list[str]:
+def _replace_names(student: Any, replacements: dict[str, Any]) -> list[str]:
     namespace = _namespace(student)
     own = {name: namespace[name] for name in replacements if namespace.get(name) is not None}
     if own:

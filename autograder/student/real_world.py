@@ -37,7 +37,7 @@ class _Calls:
 _calls: _Calls | None = None
 
 
-def _asked(question: dict, like: torch.Tensor) -> torch.Tensor:
+def _asked(question: dict[str, Any], like: torch.Tensor) -> torch.Tensor:
     answer = probe.ask(question)
     if not isinstance(answer, torch.Tensor) or answer.shape != like.shape:
         raise probe.Malformed("the judging side answered with no tensor of the expected shape")
@@ -49,7 +49,7 @@ class SwishStandIn(torch.autograd.Function):
     values and gradients come from the judging side."""
 
     @staticmethod
-    def forward(ctx, x, beta):
+    def forward(ctx: Any, x: Any, beta: Any) -> Any:
         if _calls is not None:
             _calls.swish += 1
             _calls.betas.append(beta)
@@ -57,7 +57,7 @@ class SwishStandIn(torch.autograd.Function):
         return _asked({"op": "swish", "x": x.detach(), "beta": beta.detach()}, x)
 
     @staticmethod
-    def backward(ctx, grad_output):
+    def backward(ctx: Any, grad_output: Any) -> Any:
         x, beta = ctx.saved_tensors
         question = {"op": "swish backward", "x": x.detach(), "beta": beta.detach(), "grad": grad_output.detach()}
         answer = probe.ask(question)
@@ -74,14 +74,14 @@ class LogSumExpStandIn:
     """Stands in for the notebook's LogSumExp(x, dim): torch.logsumexp, counted."""
 
     @staticmethod
-    def apply(x, dim):
+    def apply(x: torch.Tensor, dim: Any) -> torch.Tensor:
         if _calls is not None:
             _calls.logsumexp += 1
             _calls.dims.append(dim if isinstance(dim, int) else repr(dim))
         return torch.logsumexp(x, dim)
 
 
-def _namespace(model_class: Any) -> dict:
+def _namespace(model_class: Any) -> dict[str, Any]:
     """The globals the model's methods look names up in (the notebook's)."""
     for name in ("forward", "loss", "__init__"):
         method = getattr(model_class, name, None)
@@ -110,7 +110,7 @@ def standing_in(model_class: Any) -> Iterator[list[str]]:
 
 
 @probe.procedure
-def train_classifier(model_class: Any, x: torch.Tensor, y: torch.Tensor, settings: dict) -> dict:
+def train_classifier(model_class: Any, x: torch.Tensor, y: torch.Tensor, settings: dict[str, Any]) -> dict[str, Any]:
     """Build `model_class(n_in, hidden, classes)` with torch's generator seeded, then train it
     full-batch with Adam on (x, y) for `steps` steps, minimising `model.loss(x, y)`.
 

@@ -5,7 +5,7 @@ import contextlib
 import linecache
 import sys
 import warnings
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -110,7 +110,7 @@ def name_errors_in_one_line(is_check_cell: Callable[[str], bool]) -> None:
     if shell is None:
         return
 
-    def show(shell, kind, error, traceback, tb_offset=None) -> None:
+    def show(shell: Any, kind: Any, error: Any, traceback: Any, tb_offset: Any = None) -> None:
         last = traceback
         while last.tb_next is not None:
             last = last.tb_next

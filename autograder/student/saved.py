@@ -77,8 +77,8 @@ class Kept:
 class Recording:
     """What one call of a Function returned, saved, and stashed on ctx."""
 
-    args: tuple  # the arguments of the call (an in-place Function has changed some)
-    before: tuple  # their values before the call, detached
+    args: tuple[Any, ...]  # the arguments of the call (an in-place Function has changed some)
+    before: tuple[Any, ...]  # their values before the call, detached
     outputs: list[torch.Tensor]
     saved: list[Saved] = field(default_factory=list)  # in the order they were saved
     stashed: dict[str, Saved] = field(default_factory=dict)  # "y" for ctx.y, "cache[0]", ...
@@ -148,7 +148,7 @@ def _storage(t: torch.Tensor) -> int:
     return 0 if t.device.type == "meta" else t.untyped_storage().data_ptr()
 
 
-def _layout(t: torch.Tensor) -> tuple:
+def _layout(t: torch.Tensor) -> tuple[Any, ...]:
     return (_storage(t), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
 
 
@@ -186,12 +186,12 @@ class Watch(TorchDispatchMode):
     with `created` and `freed`."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # torch's is unannotated
         self.stage = "forward"  # names what the operations in the block create
         # address -> (the block, the tensor that made it, what it is): weak references
-        self._blocks: dict[int, tuple[weakref.ref, weakref.ref, Kept]] = {}
+        self._blocks: dict[int, tuple[weakref.ref[Any], weakref.ref[Any], Kept]] = {}
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         inputs = {_storage(a) for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)}
         for t in tree_flatten(out)[0]:
@@ -286,7 +286,7 @@ def _where(key: int, tensors: list[torch.Tensor] | None) -> str | None:
     for _ in range(4):  # a closure's variable is 4 references up: dict, cell, closure, function
         if not level:
             return None
-        above = []
+        above: list[Any] = []
         seen.add(id(above))
         for ref in gc.get_referrers(*level):
             if id(ref) in seen or isinstance(ref, types.FrameType):
@@ -327,7 +327,7 @@ def _root(ref: Any, child: Any, held: dict[int, Any]) -> str | None:
     return None
 
 
-def _key(mapping: dict, value: Any) -> str:
+def _key(mapping: dict[str, Any], value: Any) -> str:
     return next((str(k) for k, v in mapping.items() if v is value), "?")
 
 
@@ -348,6 +348,7 @@ class Names:
         if s.kind == "intermediate":
             what = self._known(s.tensor, recording.before)
             return f"the intermediate {what}" if what else "an intermediate"
+        assert s.index is not None  # an input's or output's position
         owner = self.role(s.kind, s.index, len(recording.outputs))
         return f"a view of {owner}" if s.view else owner
 
@@ -358,7 +359,7 @@ class Names:
             return f"the output `{self.outputs[index]}`"
         return "the output" if n_outputs == 1 else f"output {index}"
 
-    def _known(self, t: torch.Tensor, args: tuple) -> str | None:
+    def _known(self, t: torch.Tensor, args: tuple[Any, ...]) -> str | None:
         for name, compute in self.known.items():
             value = compute(*args)
             if value.shape == t.shape and value.dtype == t.dtype and torch.allclose(value, t.detach()):
@@ -403,7 +404,7 @@ def show_saved(fn: Any, *args: Any) -> None:
     print(f"{getattr(fn, '__name__', 'fn')}: {summary(recording, names)}")
 
 
-def non_leaf(args: Sequence[Any]) -> tuple:
+def non_leaf(args: Sequence[Any]) -> tuple[Any, ...]:
     """Copies of the tensor arguments that are not leaves (an in-place Function cannot
     modify a leaf that requires grad)."""
     return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
@@ -422,7 +423,7 @@ def not_contiguous(t: torch.Tensor) -> torch.Tensor:
 
 
 @probe.procedure
-def recorded(fn: Any, args: tuple, copy: bool, strided: bool = False) -> dict:
+def recorded(fn: Any, args: tuple[Any, ...], copy: bool, strided: bool = False) -> dict[str, Any]:
     """Record `fn(*args)` on copies of the arguments (non-leaf ones with `copy`; not
     contiguous with `strided`), then run backward once, and list what the call still keeps
     alive after forward and after backward; plain data, reported by the process that ran
@@ -437,7 +438,7 @@ def recorded(fn: Any, args: tuple, copy: bool, strided: bool = False) -> dict:
     return report
 
 
-def _recorded_once(fn: Any, args: tuple, copy: bool, strided: bool, thorough: bool) -> dict:
+def _recorded_once(fn: Any, args: tuple[Any, ...], copy: bool, strided: bool, thorough: bool) -> dict[str, Any]:
     # Copies nobody else holds: what outlives the call is kept by the call.
     layout = not_contiguous if strided else torch.Tensor.clone
     args = tuple(layout(a.detach()).requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
@@ -453,7 +454,7 @@ def _recorded_once(fn: Any, args: tuple, copy: bool, strided: bool, thorough: bo
     def copied(t: torch.Tensor) -> torch.Tensor:  # taken before backward can change it
         return t.detach().clone()
 
-    def snapshot(s: Saved) -> dict:
+    def snapshot(s: Saved) -> dict[str, Any]:
         return {"tensor": copied(s.tensor), "kind": s.kind, "index": s.index, "view": s.view, "graph": s.graph}
 
     found = {
@@ -473,7 +474,7 @@ def _recorded_once(fn: Any, args: tuple, copy: bool, strided: bool, thorough: bo
     return {"error": None, "recording": found, "backward": backward}
 
 
-def _backward(recording: Recording, watch: Watch) -> dict:
+def _backward(recording: Recording, watch: Watch) -> dict[str, Any]:
     """Run backward once (watched): its error, or which saved tensors and whether
     grad_output it changed in place."""
     outputs = [o for o in recording.outputs if o.requires_grad]

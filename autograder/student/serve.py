@@ -17,7 +17,7 @@ PACKAGE = __package__ + "."  # procedures and references live in this package on
 
 
 @probe.procedure
-def resolve(obj: Any) -> dict:
+def resolve(obj: Any) -> dict[str, Any]:
     """A name in the student's notebook: plain data is copied to the grader; a module is
     named (the grader imports its own: `torch` in a test cell is torch); anything else stays
     where it is (and is reached through a proxy)."""
@@ -30,7 +30,7 @@ def resolve(obj: Any) -> dict:
     return {"data": True, "value": obj}
 
 
-def serve(namespace: dict, request: Any) -> Any:
+def serve(namespace: dict[str, Any], request: Any) -> Any:
     """Answer one request against the student's namespace (in the student's process).
 
     Only registered probe procedures of this package can be run.
@@ -50,7 +50,7 @@ def serve(namespace: dict, request: Any) -> Any:
     return probe.PROCEDURES[key](namespace[name], *args)
 
 
-def answer(namespace: dict, structure: Any, buffers: list[bytes]) -> tuple[Any, list[bytes]]:
+def answer(namespace: dict[str, Any], structure: Any, buffers: list[bytes]) -> tuple[Any, list[bytes]]:
     """A request in wire form -> the answer in wire form (in the student's process).
 
     Whatever goes wrong — an unknown name, a result that is not plain data — becomes an

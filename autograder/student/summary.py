@@ -25,6 +25,7 @@ import os
 import sys
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 from .probe import first_line
 from .report import CheckFailed, quiet, undefined
@@ -67,8 +68,10 @@ def visible_checks(slug: str) -> list[VisibleCheck]:
     return [VisibleCheck(**check) for check in _table()[slug]]
 
 
-def _table() -> dict[str, list[dict]]:
-    return json.loads(resources.files(__package__).joinpath("visible_checks.json").read_text(encoding="utf-8"))
+def _table() -> dict[str, list[dict[str, Any]]]:
+    table: dict[str, list[dict[str, Any]]] = json.loads(
+        resources.files(__package__).joinpath("visible_checks.json").read_text(encoding="utf-8"))
+    return table
 
 
 def is_check_cell(source: str) -> bool:
@@ -76,7 +79,7 @@ def is_check_cell(source: str) -> bool:
     return source.strip() in {check["source"].strip() for checks in _table().values() for check in checks}
 
 
-def run_check(check: VisibleCheck, namespace: dict) -> Row:
+def run_check(check: VisibleCheck, namespace: dict[str, Any]) -> Row:
     """Run one visible check cell in `namespace`, its output captured."""
     with contextlib.redirect_stdout(io.StringIO()), quiet():
         try:
@@ -93,7 +96,7 @@ def run_check(check: VisibleCheck, namespace: dict) -> Row:
     return Row(check, True, check.points, "")
 
 
-def run_all(slug: str, namespace: dict) -> list[Row]:
+def run_all(slug: str, namespace: dict[str, Any]) -> list[Row]:
     """Every visible check of `slug`, in order, in `namespace` (one that fails does not
     stop the others)."""
     return [run_check(check, namespace) for check in visible_checks(slug)]
@@ -138,7 +141,7 @@ def _in_a_kernel() -> bool:
     return ipython is not None and getattr(ipython, "get_ipython", lambda: None)() is not None
 
 
-def summary(slug: str, namespace: dict | None = None) -> None:
+def summary(slug: str, namespace: dict[str, Any] | None = None) -> None:
     """Run every visible check of notebook `slug` on the student's code (by default, the
     names of the calling notebook, in an IPython kernel) and print the points earned out
     of those possible."""

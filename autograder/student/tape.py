@@ -26,6 +26,7 @@ import sys
 import threading
 from collections import Counter
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -34,7 +35,7 @@ from . import probe
 
 # name -> (arity, torch implementation of the forward value); the notebook's function is
 # `operator_<name>`.
-TORCH_OPS: dict[str, tuple[int, Callable[..., torch.Tensor]]] = {
+TORCH_OPS: dict[str, tuple[int, Callable[..., Any]]] = {
     "neg": (1, torch.neg),
     "add": (2, torch.add),
     "mul": (2, torch.mul),
@@ -77,7 +78,7 @@ class Program:
     loss: int | None = None
 
     @functools.cached_property
-    def data(self) -> tuple:
+    def data(self) -> tuple[Any, ...]:
         """Plain data to send; the steps as one string ("neg 0;mul 1 2"), which crosses
         processes far faster than 10,000 small lists."""
         steps = ";".join(" ".join([op, *map(str, args)]) for op, args in self.steps)
@@ -102,7 +103,7 @@ class Program:
         return [[a - self.leaves for a in args if a >= self.leaves] for _, args in self.steps]
 
 
-def run_program(program: Program, leaves: list, ops: dict[str, Callable[..., Any]]) -> list:
+def run_program(program: Program, leaves: list[Any], ops: dict[str, Callable[..., Any]]) -> list[Any]:
     """The pool of values: the leaves, then each step's outputs (one, or all of a tuple)."""
     pool = list(leaves)
     for op, args in program.steps:
@@ -115,7 +116,7 @@ def run_program(program: Program, leaves: list, ops: dict[str, Callable[..., Any
     return pool
 
 
-def loss_of(program: Program, pool: list, total: Callable[[Any], Any]) -> Any:
+def loss_of(program: Program, pool: list[Any], total: Callable[[Any], Any]) -> Any:
     return pool[program.loss] if program.loss is not None else total(pool[-1])
 
 
@@ -136,34 +137,34 @@ class Tape:
             if name not in self.ns:
                 raise TapeMissing(f"`{name}` is not defined: run the cells above (the tape's definitions) first.")
         self.Variable = self.ns["Variable"]
-        self.tape: list = self.ns["gradient_tape"]
+        self.tape: list[Any] = self.ns["gradient_tape"]
 
-    def var(self, value: torch.Tensor):
+    def var(self, value: torch.Tensor) -> Any:
         return self.Variable(value.detach().clone())
 
-    def record(self, op: str, inputs: list, outputs: list, propagate: Callable[..., Any]) -> None:
+    def record(self, op: str, inputs: list[Any], outputs: list[Any], propagate: Callable[..., Any]) -> None:
         self.ns["record"](op, inputs, outputs, propagate)  # looked up now: a transcript may watch it
 
     def ops(self) -> dict[str, Callable[..., Any]]:
         """The notebook's operations (the student's or stand-ins), plus those of the grad checks."""
-        found = {name: self.ns[f"operator_{name}"] for name in (*NOTEBOOK_OPS,
-                                                                "exp_mul") if f"operator_{name}" in self.ns}
+        found = {name: self.ns[f"operator_{name}"] for name in (*NOTEBOOK_OPS, "exp_mul")
+                 if f"operator_{name}" in self.ns}
         return {**found, "first": stand_in(self, "first"), "sentinel": self._sentinel, "pair": self._pair}
 
-    def _sentinel(self, a):
-        def must_not_run(dL_doutputs):
+    def _sentinel(self, a: Any) -> Any:
+        def must_not_run(dL_doutputs: Any) -> None:
             raise SkippedEntryCalled
 
         r = self.Variable(TORCH_OPS["sentinel"][1](a.value))
         self.record("sentinel", [a], [r], must_not_run)
         return r
 
-    def _pair(self, a, b):
+    def _pair(self, a: Any, b: Any) -> tuple[Any, ...]:
         """One entry with two outputs; its propagate gets one gradient per output (None for
         an output without one) and asks the judging side, like a stand-in's."""
         outputs = [self.Variable(v) for v in TORCH_OPS["pair"][1](a.value, b.value)]
 
-        def propagate(dL_doutputs):
+        def propagate(dL_doutputs: Any) -> Any:
             return _ask(self, "pair", None, 0, [a, b], (True, True), dL_doutputs)
 
         self.record("pair", [a, b], outputs, propagate)
@@ -203,7 +204,7 @@ def stand_in(tape: Tape, op: str) -> Callable[..., Any]:
 
     spec = (tape, op, arity)
 
-    def operation(*args):
+    def operation(*args: Any) -> Any:
         if len(args) != arity + (op == "expand"):
             raise TypeError(f"operator_{op} takes {arity + (op == 'expand')} arguments, got {len(args)}")
         if arity == 1:
@@ -229,10 +230,10 @@ class _StandInPropagate:
 
     __slots__ = ("a", "b", "spec")  # (tape, op, arity); the inputs, or the input and expand's sizes
 
-    def __init__(self, spec: tuple, a: Any, b: Any) -> None:
+    def __init__(self, spec: tuple[Any, ...], a: Any, b: Any) -> None:
         self.spec, self.a, self.b = spec, a, b
 
-    def __call__(self, dL_doutputs: Any) -> list:
+    def __call__(self, dL_doutputs: Any) -> list[Any]:
         tape, op, arity = self.spec
         inputs = [self.a, self.b] if arity == 2 else [self.a]
         return _ask(tape, op, self.b if op == "expand" else None, 0, inputs, _ONE_OUTPUT, dL_doutputs)
@@ -242,8 +243,8 @@ def _label(op: str, depth: int) -> str:
     return "d(" * depth + op + ")" * depth
 
 
-def _ask(tape: Tape, op: str, sizes: list | None, depth: int, inputs: list, present: Sequence[bool],
-         dL_doutputs: Any) -> list:
+def _ask(tape: Tape, op: str, sizes: list[Any] | None, depth: int, inputs: list[Any], present: Sequence[bool],
+         dL_doutputs: Any) -> list[Any]:
     """The propagate of an entry `outputs = F(inputs)`, F being `op` differentiated `depth`
     times (the VJP of the VJP ...); None among F's inputs and outputs stands for a zero and
     is no input or output of the entry (`present`: which outputs are). It asks the judging
@@ -265,7 +266,7 @@ def _ask(tape: Tape, op: str, sizes: list | None, depth: int, inputs: list, pres
     if any(r is not None for r in results):
         deeper, found = [*inputs, *grads], [r is not None for r in results]
 
-        def propagate(dL_doutputs):
+        def propagate(dL_doutputs: Any) -> Any:
             return _ask(tape, op, sizes, depth + 1, deeper, found, dL_doutputs)
 
         tape.record(_label(op, depth + 1), [v for v in deeper if v is not None], [r for r in results if r is not None],
@@ -285,10 +286,10 @@ class Recorder:
 
     def clear(self) -> None:
         self.number: dict[int, int] = {}
-        self.kept: list = []  # keeps the Variables alive, so their ids stay theirs
+        self.kept: list[Any] = []  # keeps the Variables alive, so their ids stay theirs
         self.names: list[str] = []
         self.values: list[torch.Tensor] = []
-        self.entries: list[list] = []
+        self.entries: list[list[Any]] = []
 
     def key(self, v: Any) -> int:
         k = self.number.get(id(v))
@@ -301,13 +302,13 @@ class Recorder:
         return k
 
     def watching(self, record: Callable[..., Any]) -> Callable[..., Any]:
-        def watched(op, inputs, outputs, propagate):
+        def watched(op: Any, inputs: list[Any], outputs: list[Any], propagate: Callable[..., Any]) -> None:
             record(op, inputs, outputs, propagate)
             self.entries.append([str(op), [self.key(v) for v in inputs], [self.key(v) for v in outputs]])
 
         return watched
 
-    def data(self) -> dict:
+    def data(self) -> dict[str, Any]:
         """As a few strings and tensors, which cross processes far faster than many small
         ones: names and ops joined by NUL; each entry as (inputs, outputs, input keys...,
         output keys...) and each value's shape as (dims, sizes...) in int64 tensors; the
@@ -332,7 +333,7 @@ def _as_float64(value: torch.Tensor) -> torch.Tensor:
     return value.detach().to(torch.float64)
 
 
-def _error(stage: str, exc: BaseException) -> dict:
+def _error(stage: str, exc: BaseException) -> dict[str, Any]:
     return {"stage": stage, "type": type(exc).__name__, "message": str(exc)}
 
 
@@ -359,7 +360,7 @@ def _as_records(xs: Any) -> Any:
 # --- probe procedures ------------------------------------------------------------------------
 
 @probe.procedure
-def entry_transcript(anchor: Callable[..., Any], keep: list, cases: list) -> list:
+def entry_transcript(anchor: Callable[..., Any], keep: list[Any], cases: list[Any]) -> list[Any]:
     """For each case, the student's `operator_<op>` on fresh Variables: its result, whether
     it recorded one entry with the result among its outputs, what that entry's propagate
     returns for each pattern of output gradients, and everything recorded meanwhile.
@@ -378,8 +379,8 @@ def entry_transcript(anchor: Callable[..., Any], keep: list, cases: list) -> lis
         return [_entry_case(tape, recorder, case) for case in cases]
 
 
-def _entry_case(tape: Tape, recorder: "Recorder", case: dict) -> dict:
-    out: dict = {"error": None, "value": None, "recorded": False, "result": None, "calls": [], "graph": None}
+def _entry_case(tape: Tape, recorder: "Recorder", case: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"error": None, "value": None, "recorded": False, "result": None, "calls": [], "graph": None}
     recorder.clear()
     tape.tape.clear()
     fn = tape.ns.get(f"operator_{case['op']}")
@@ -408,7 +409,7 @@ def _entry_case(tape: Tape, recorder: "Recorder", case: dict) -> dict:
         stage = "propagate"
         for pattern in patterns:
             gs = [None if i is None else tape.var(case["grads"][i]) for i in pattern]
-            call: dict = {"pattern": pattern, "keys_in": [None if g is None else recorder.key(g) for g in gs],
+            call: dict[str, Any] = {"pattern": pattern, "keys_in": [None if g is None else recorder.key(g) for g in gs],
                           "error": None, "grads": None, "keys": None}
             out["calls"].append(call)
             try:
@@ -426,13 +427,14 @@ def _entry_case(tape: Tape, recorder: "Recorder", case: dict) -> dict:
 
 
 @probe.procedure
-def program_transcript(grad: Callable[..., Any], keep: list, program: tuple, xs: list, walk: str = "tape") -> dict:
+def program_transcript(grad: Callable[..., Any], keep: list[Any], program: tuple[Any, ...], xs: list[Any],
+                       walk: str = "tape") -> dict[str, Any]:
     """A program on the student's tape, walked by the student's `grad`: the gradients of its
     loss and, when all went well, of the squared norm of those gradients.
 
     With walk="order", grad is given the entries to walk (`order=`, the tape's entries
     newest first) and an empty tape: first order only."""
-    out: dict = {"error": None, "skipped_entry_called": False, "grads": None, "second": None}
+    out: dict[str, Any] = {"error": None, "skipped_entry_called": False, "grads": None, "second": None}
     try:
         tape = Tape(grad)
     except TapeMissing as missing:
@@ -470,7 +472,7 @@ def program_transcript(grad: Callable[..., Any], keep: list, program: tuple, xs:
 
 
 @probe.procedure
-def order_transcript(topological_order: Callable[..., Any], program: tuple, xs: list) -> dict:
+def order_transcript(topological_order: Callable[..., Any], program: tuple[Any, ...], xs: list[Any]) -> dict[str, Any]:
     """The student's topological order of a program's graph, as step indices (-1: an entry
     of no step, -2: not an entry)."""
     try:
@@ -503,11 +505,16 @@ class RecursionWatch:
     RecursionError, before a deep recursion under a raised limit exhausts the C stack.
     Best effort: it runs in the student's process, whose code can switch the tracer off."""
 
+    _limit: int  # the limit, tracer and thread tracer to put back, set on entering
+    _tracer: Callable[..., Any] | None
+    _thread_tracer: Callable[..., Any] | None
+    _pinned: int
+
     LIMIT = 1000  # Python's default
     NESTED = 100  # deeper than any solution without recursion nests; far shallower than the graphs
 
     def __init__(self) -> None:
-        self.active: Counter = Counter()
+        self.active: Counter[str] = Counter()
         self.deepest, self.function = 0, ""
         self.limit_changed, self.untraced = False, False
 
@@ -527,6 +534,7 @@ class RecursionWatch:
         return self._return
 
     def __enter__(self) -> "RecursionWatch":
+        frame: FrameType | None
         depth, frame = 0, sys._getframe()
         while frame is not None:
             depth, frame = depth + 1, frame.f_back
@@ -544,7 +552,7 @@ class RecursionWatch:
         self.limit_changed = sys.getrecursionlimit() != self._pinned
         sys.setrecursionlimit(self._limit)
 
-    def data(self) -> dict:
+    def data(self) -> dict[str, Any]:
         return {"deepest": self.deepest, "function": self.function, "limit_changed": self.limit_changed,
                 "untraced": self.untraced}
 
@@ -563,7 +571,8 @@ def _collector_paused() -> Iterator[None]:
 
 
 @probe.procedure
-def hvp_transcript(hvp: Callable[..., Any], f: Callable[[Any], Any], x: torch.Tensor, v: torch.Tensor) -> dict:
+def hvp_transcript(hvp: Callable[..., Any], f: Callable[[Any], Any], x: torch.Tensor,
+                   v: torch.Tensor) -> dict[str, Any]:
     try:
         tape = Tape(hvp)
     except TapeMissing as missing:

@@ -40,7 +40,7 @@ class TapeDrawing:
     def __str__(self) -> str:
         return self.text if self.message is None else f"{self.message}\n{self.text}"
 
-    def _repr_mimebundle_(self, include=None, exclude=None) -> dict[str, str]:
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
         if self.svg is None:
             return {"text/plain": str(self)}
         return {"image/svg+xml": self.svg, "text/plain": self.text}

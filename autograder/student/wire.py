@@ -69,7 +69,7 @@ def encode(value: Any) -> tuple[Any, list[bytes]]:
     return walk(value, 0), buffers
 
 
-def decode(structure: Any, buffers: Sequence[bytes], *, references: bool = False) -> Any:
+def decode(structure: Any, buffers: Sequence[bytes | bytearray], *, references: bool = False) -> Any:
     """The value `encode` produced, rebuilt from untrusted input.
 
     With `references` (only on the student's side, reading the grader's requests),
@@ -150,12 +150,12 @@ def _device(t: torch.Tensor, device: Any) -> torch.Tensor:
     raise WireError(f"device {device!r} is not available here")
 
 
-def _grad(t: torch.Tensor, header: dict) -> torch.Tensor:
+def _grad(t: torch.Tensor, header: dict[str, Any]) -> torch.Tensor:
     """A leaf that requires grad if the sender's tensor did (floating point only)."""
     return t.requires_grad_() if header.get("grad") is True and (t.is_floating_point() or t.is_complex()) else t
 
 
-def _list(v: Any) -> list:
+def _list(v: Any) -> list[Any]:
     if not isinstance(v, list):
         raise WireError("malformed payload")
     return v
@@ -172,7 +172,7 @@ def _itemsize(dtype: torch.dtype) -> int:
 
 
 def _shape(shape: Any) -> list[int]:
-    if not isinstance(shape,
-                      list) or len(shape) > 16 or not all(isinstance(n, int) and 0 <= n < 1 << 31 for n in shape):
+    if (not isinstance(shape, list) or len(shape) > 16
+            or not all(isinstance(n, int) and 0 <= n < 1 << 31 for n in shape)):
         raise WireError("malformed shape")
     return shape
