@@ -253,7 +253,7 @@ def visible_checks_json(root: Path = ROOT) -> str:
 
 
 def write_visible_checks(root: Path = ROOT) -> None:
-    """Write the summary cells' list of visible checks into the student package (release
+    """Write the summary cells' list of visible checks into autograder/student/ (release
     does, as it writes course/): the checks' source stays the notebooks' own."""
     VISIBLE_CHECKS.write_text(visible_checks_json(root))
 

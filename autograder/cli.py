@@ -146,6 +146,22 @@ def replay(
 
 
 @app.command()
+def exercise(
+    grade_id: str = typer.Argument(..., help="The answer cell's grade_id, e.g. conv2d."),
+) -> None:
+    """Everything of one exercise: its notebook and cells, the checks its graded cells call
+    (and where they are written), its known answers and the command that runs its tests."""
+    from . import registry
+
+    if grade_id not in registry.exercises():
+        close = [g for g in registry.exercises() if grade_id in g]
+        typer.echo(f"error: no exercise {grade_id!r}" + (f" (did you mean {', '.join(close)}?)" if close else ""),
+                   err=True)
+        raise typer.Exit(2)
+    typer.echo(registry.describe(grade_id))
+
+
+@app.command()
 def secret(
     rotate: bool = typer.Option(False, "--rotate", help="Make a new secret: grades from now on draw other inputs."),
     course: Path = typer.Option(Path("."), help="The course root."),

@@ -99,12 +99,16 @@ def spread(answers: list, known: int | None) -> list:
     return turns if known is None else turns[:known]
 
 
-def submissions(slug: str, count: int, known: int | None) -> dict[str, tuple[str, dict[str, str]]]:
-    """{student: (kind, answers)} for one notebook: known answers, crashes, hangs, model solutions."""
+def submissions(slug: str, count: int, known: int | None,
+                honest: bool = False) -> dict[str, tuple[str, dict[str, str]]]:
+    """{student: (kind, answers)} for one notebook: known answers, crashes, hangs, model
+    solutions (`honest`: model solutions only)."""
     model = solutions(slug)
     first = next(iter(model))
     answers = for_notebook(slug)
     found: dict[str, tuple[str, dict[str, str]]] = {}
+    if honest:
+        return _in_hand_in_order({f"{slug[:2]}_correct{k:02d}": ("correct", model) for k in range(count)})
     for k, a in enumerate(spread(answers.MUTANTS, known)):
         found[f"wrong{k:02d}"] = ("wrong", {**model, a.exercise: a.apply(model[a.exercise])})
     for k, a in enumerate(spread(answers.VARIANTS, known)):
@@ -125,8 +129,12 @@ def submissions(slug: str, count: int, known: int | None) -> dict[str, tuple[str
     while len(found) < count:
         found[f"correct{k:02d}"] = ("correct", model)
         k += 1
-    students = {f"{slug[:2]}_{student}": entry for student, entry in found.items()}
-    return dict(sorted(students.items(), key=lambda item: random.Random(item[0]).random()))  # as a class hands them in
+    return _in_hand_in_order({f"{slug[:2]}_{student}": entry for student, entry in found.items()})
+
+
+def _in_hand_in_order(students: dict) -> dict:
+    """Shuffled as a class hands them in (by each name's own seed: the same order every run)."""
+    return dict(sorted(students.items(), key=lambda item: random.Random(item[0]).random()))
 
 
 def measured(command: list[str], cwd: Path) -> Measured:
@@ -218,6 +226,8 @@ def main() -> None:
     parser.add_argument("--known", type=int, default=5,
                         help="known wrong answers, and known right ones, per assignment (spread over its exercises)")
     parser.add_argument("--all-known", action="store_true", help="every known answer (about an hour of stock nbgrader)")
+    parser.add_argument("--honest", action="store_true",
+                        help="model solutions only: an honest class, no known answers, crashes or hangs")
     parser.add_argument("--timeout", type=int, default=10,
                         help="time budget: per cell for nbgrader, per notebook for the engine")
     parser.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)))

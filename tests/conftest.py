@@ -3,6 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from answers import Answer, for_notebook
+from autograder import authoring, registry
 from autograder.authoring import use_this_environment
 
 # nbgrader (in-process and as a subprocess) runs `alembic` by name.
@@ -23,13 +25,53 @@ def pytest_addoption(parser):
     parser.addoption("--fuzz-seed", type=int, default=20261127, help="the seed test_fuzz.py generates them from")
 
 
+def pytest_configure(config):
+    """Every exercise's grade_id is a marker: `pytest -m conv2d` runs the tests of 04's Conv2d."""
+    for grade_id, exercise in registry.exercises().items():
+        config.addinivalue_line("markers", f"{grade_id}: the tests of {exercise.heading}")
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the groups
 def pytest_collection_modifyitems(items):
-    """Tests sharing a notebook's graded course run in the same worker (graded once)."""
+    """Tests sharing a notebook's graded course run in the same worker (graded once); a test
+    of an exercise — named by its parameters (a known answer, its label, a grade_id) or by
+    the test's own name — carries the exercise's grade_id as a marker."""
+    labels = _exercises_by_label()
     for item in items:
-        slug = getattr(item, "callspec", None) and item.callspec.params.get("graded")
+        params = item.callspec.params if hasattr(item, "callspec") else {}
+        slug = params.get("graded") or (params.get("slug") if "class_batches" in item.fixturenames else None)
         if slug:
             item.add_marker(pytest.mark.xdist_group(slug))
+        for grade_id in _exercises_of(params, labels) | _exercises_named(getattr(item, "originalname", item.name)):
+            item.add_marker(getattr(pytest.mark, grade_id))
+
+
+def _exercises_by_label() -> dict[str, set[str]]:
+    """{a known answer's label: the exercises it answers}."""
+    found: dict[str, set[str]] = {}
+    for slug in authoring.assignments():
+        module = for_notebook(slug)
+        for answer in module.MUTANTS + module.VARIANTS:
+            found.setdefault(answer.label, set()).add(answer.exercise)
+    return found
+
+
+def _exercises_named(test: str) -> set[str]:
+    """The exercises a test's name names (test_conv2d_right: conv2d)."""
+    return {grade_id for grade_id in registry.exercises() if f"_{grade_id}_" in f"_{test}_"}
+
+
+def _exercises_of(params: dict, labels: dict[str, set[str]]) -> set[str]:
+    """The exercises a test's parameters name: a known answer, its label, or a grade_id."""
+    found: set[str] = set()
+    for name, value in params.items():
+        if isinstance(value, Answer):
+            found.add(value.exercise)
+        elif isinstance(value, str) and name == "label":
+            found |= labels.get(value, set())
+        elif isinstance(value, str) and value in registry.exercises():
+            found.add(value)
+    return found
 
 
 @pytest.fixture(scope="session")

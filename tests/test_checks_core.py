@@ -231,11 +231,15 @@ def test_answers_check_the_form_then_the_key():
 
 def _remote_finite_differences(fn, args, names):
     """The grader's own finite differences of a Function answering through the wire."""
-    from autograder.checks.functions import _finite_differences
+    from autograder.checks.functions import _finite_differences, _plan
     from autograder.checks.remote import Remote, loopback
+    from autograder.student import probe
 
     spec = FunctionSpec(name="Scale", reference=lambda x, w: x * w, cases=lambda g: [args])
-    _finite_differences(Remote("fn", loopback({"fn": fn})), spec, args, names, torch.Generator().manual_seed(0))
+    student, generator = Remote("fn", loopback({"fn": fn})), torch.Generator().manual_seed(0)
+    plan = _plan(spec, args, names, generator)
+    (actual,) = probe.run_many(student, [plan.run])  # the student's run the check's other parts judge
+    _finite_differences(student, spec, plan, actual, names, generator)
 
 
 def _scale(backward):

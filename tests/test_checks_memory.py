@@ -8,7 +8,6 @@ import ast
 import contextlib
 import functools
 import io
-import re
 
 import nbformat
 import pytest
@@ -503,21 +502,6 @@ def test_the_model_solution_passes_the_same_way_remotely(exercise, capsys):
 
 
 # --- The time the introduction states -----------------------------------------------------
-
-def test_the_introduction_states_the_reading_and_exercise_time_honestly():
-    """Reading: the words of the released notebook's text and given code at 200 a minute; the
-    exercises: the sum of the table; the total: both (rounded to 5 minutes)."""
-    released = nbformat.read(authoring.ROOT / "course" / SLUG / f"{SLUG}.ipynb", as_version=4)
-    intro = released.cells[0].source
-    words = sum(len(cell.source.split()) for cell in released.cells)
-    hours, minutes, reading, stated_words, exercises = map(int, re.search(
-        r"\*\*Time:\*\* about (\d) h (\d+) min: about (\d+) min to read \(some ([\d,]+) words.*?(\d+) min for the "
-        r"exercises", intro.replace(",", "").replace("\n", " ")).groups())
-    table = sum(int(m) for m in re.findall(r"\| ★[★☆]{2} \| (\d+) min \|", intro))
-    assert abs(stated_words - words) <= 0.05 * words, (stated_words, words)
-    assert abs(reading - words / 200) <= 5 and exercises == table
-    assert abs(60 * hours + minutes - (reading + exercises)) <= 5
-
 
 # --- The answer key of "true or false?" ----------------------------------------------------
 

@@ -236,7 +236,11 @@ def test_one_grader_per_course_the_second_is_told_who_holds_it(tmp_path):
         course.submit(student, SLUG, model)
     command = [str(Path(sys.executable).with_name("autograder")), "grade", SLUG, "--jobs", "1"]
     first = subprocess.Popen(command, cwd=course.root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.0)  # it has taken the course
+    lock = course.root / ".autograder" / "lock"
+    deadline = time.monotonic() + 60
+    while f'"pid": {first.pid}' not in (lock.read_text() if lock.exists() else ""):  # it has taken the course
+        assert time.monotonic() < deadline and first.poll() is None, "the first run never took the course"
+        time.sleep(0.01)
     started = time.monotonic()
     second = grade(course, SLUG)
     assert time.monotonic() - started < 10

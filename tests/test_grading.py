@@ -49,42 +49,47 @@ def test_released_notebook_gets_zero_everywhere(graded):
     assert scores and all(score == 0 for score, _ in scores.values()), scores
 
 
+def _known_answers():
+    for slug in SLUGS:
+        module = for_notebook(slug)
+        for wrong, answers in ((True, module.MUTANTS), (False, module.VARIANTS)):
+            for answer in answers:
+                kind = "wrong" if wrong else "right"
+                yield pytest.param(slug, wrong, answer, id=f"{slug}-{answer.exercise}-{kind}-{answer.label}")
+
+
 @pytest.mark.slow
-def test_every_wrong_answer_loses_its_points(graded):
-    """Device bugs that only a GPU run catches (answers/devices.py) are skipped, by name, where
-    there is no CUDA; `make gpu-check` grades them on a GPU."""
-    kept, only_gpu = [], []
-    for sub in graded.submissions.values():
-        for exercise in graded.exercises:
-            answer = sub.answers.get(exercise.answer_id)
-            score, total = graded.points(sub.student, exercise)
-            if answer is None or not sub.wrong:
-                continue
-            if answer.device == "cuda" and not torch.cuda.is_available():
-                if score < total:
-                    kept.append(f"{exercise.answer_id}: '{answer.label}' is caught on the CPU: not a 'cuda' device bug")
-                only_gpu.append(f"{exercise.answer_id}: '{answer.label}'")
-            elif score >= total:
-                kept.append(f"{exercise.answer_id}: '{answer.label}' kept {score}/{total}")
-    assert not kept, "wrong answers that kept their points (or misfiled device bugs):\n" + "\n".join(kept)
-    if only_gpu:
-        pytest.skip(f"no CUDA: {len(only_gpu)} device bug(s) that only a GPU run catches not graded: "
-                    + "; ".join(only_gpu))
+@pytest.mark.parametrize("slug, wrong, answer", list(_known_answers()))
+def test_a_known_answer_scores_as_it_should(slug, wrong, answer, class_batches):
+    """Each known answer on its own (`pytest -m GRADE_ID` runs those of one exercise): a wrong
+    one loses points of its exercise, an unusual right one keeps them all. Device bugs that
+    only a GPU run catches (answers/devices.py) are skipped, by name, where there is no CUDA;
+    `make gpu-check` grades them on a GPU."""
+    batch = class_batches(slug)
+    student = next(s.student for s in batch.submissions.values()
+                   if s.wrong == wrong and s.answers.get(answer.exercise) == answer)
+    exercise = next(e for e in batch.exercises if e.answer_id == answer.exercise)
+    score, total = batch.points(student, exercise)
+    if not wrong:
+        assert score == total, f"'{answer.label}' is right, yet got {score}/{total}"
+    elif answer.device == "cuda" and not torch.cuda.is_available():
+        assert score == total, f"'{answer.label}' is caught on the CPU ({score}/{total}): not a 'cuda' device bug"
+        pytest.skip(f"no CUDA: a device bug that only a GPU run catches ('{answer.label}')")
+    else:
+        assert score < total, f"'{answer.label}' is wrong, yet kept {score}/{total}"
 
 
 @pytest.mark.slow
 def test_every_other_exercise_keeps_full_points(graded):
-    """Unusual right answers, and model solutions beside wrong answers, keep every point."""
+    """The model solutions beside each submission's known answers keep every point."""
     lost = []
     for sub in graded.submissions.values():
         for exercise in graded.exercises:
-            answer = sub.answers.get(exercise.answer_id)
-            if answer is not None and sub.wrong:
+            if exercise.answer_id in sub.answers:
                 continue
             score, total = graded.points(sub.student, exercise)
             if score < total:
-                what = f"'{answer.label}'" if answer else "model solution"
-                lost.append(f"{sub.student} {exercise.answer_id}: {what} got {score}/{total}")
+                lost.append(f"{sub.student} {exercise.answer_id}: model solution got {score}/{total}")
     assert not lost, "right answers that lost points:\n" + "\n".join(lost)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -78,9 +78,10 @@ def check_clipped_relu(
     spec = replace(CLIPPED_RELU, cases=_clipped_relu_cases(shapes, clips))
     generator = inputs.generator(seed)
     with quiet():  # first: a nan at a kink also breaks what check_function differentiates, less plainly
-        for clip in clips:
-            _check_special_points(student, clip, generator)
+        far_out = [_check_special_points(student, clip, generator) for clip in clips]
     check_function(student, spec, seed=seed)
+    for check in far_out:  # last: a gradient wrong at ordinary points too has check_function's own message
+        check()
     passed("ClippedReLU: at the kinks x = 0 and x = clip the gradient is between 0 and grad_output; "
            "at x = ±1e6 and ±1e300 values and gradients are exact.")
     x = spec.cases(generator)[0][0]
@@ -88,9 +89,10 @@ def check_clipped_relu(
     passed("ClippedReLU: nothing stashed on ctx; backward leaves grad_output and the saved tensors unchanged.")
 
 
-def _check_special_points(student: Any, clip: float, generator: torch.Generator) -> None:
+def _check_special_points(student: Any, clip: float, generator: torch.Generator) -> Callable[[], None]:
     """At a kink any subgradient is right: a value between 0 and grad_output (torch.clamp
-    gives grad_output). Far out, a formula that overflows shows."""
+    gives grad_output). Far out, a formula that overflows shows: the returned check, which
+    judges the gradient there, runs after the ordinary points were judged."""
     __tracebackhide__ = True
     x = torch.tensor([0.0, clip, -1e6, 1e6, -1e300, 1e300, clip / 2], dtype=torch.float64)
     g = 0.5 + torch.rand(x.shape, generator=generator, dtype=torch.float64)  # positive: [0, g] is the range
@@ -119,11 +121,16 @@ def _check_special_points(student: Any, clip: float, generator: torch.Generator)
              cause="the derivative is undefined at a kink, and any value between 0 and grad_output is a valid "
              "choice there (torch.clamp passes grad_output on); nan, inf or a value outside is not. A mask "
              "computed by a division, such as `y / x`, is 0/0 = nan at x = 0.")
-    if not torch.equal(grad, exact):
-        fail("ClippedReLU at special points: wrong gradient far from the kinks.", *shown,
-             f"expected {show(exact)} (at the kinks, yours are fine)", f"actual   {show(grad)}",
-             cause="the gradient is 0 where the output is constant (x < 0 or x > clip, however far) and "
-             "grad_output in between; check for a formula that overflows at large |x|.")
+
+    def far_from_the_kinks() -> None:
+        __tracebackhide__ = True
+        if not torch.equal(grad, exact):
+            fail("ClippedReLU at special points: wrong gradient far from the kinks.", *shown,
+                 f"expected {show(exact)} (at the kinks, yours are fine)", f"actual   {show(grad)}",
+                 cause="the gradient is 0 where the output is constant (x < 0 or x > clip, however far) and "
+                 "grad_output in between; check for a formula that overflows at large |x|.")
+
+    return far_from_the_kinks
 
 
 # --- 3.2 Linear ----------------------------------------------------------------------------

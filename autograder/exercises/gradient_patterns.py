@@ -116,9 +116,8 @@ def _summed(grad: torch.Tensor, dims: list[int], keepdim: bool = False) -> torch
 
 
 def _unbroadcast_mistakes(grad: torch.Tensor, shape: tuple[int, ...]) -> Mistakes:
-    lead = grad.dim() - len(shape)
-    prepended = list(range(lead))
-    expanded = [lead + i for i, n in enumerate(shape) if n == 1]
+    prepended = list(range(grad.dim() - len(shape)))
+    expanded = [len(prepended) + i for i, n in enumerate(shape) if n == 1]
     from_left = list(range(len(shape), grad.dim()))  # the trailing dims, as if shapes lined up on the left
     return (
         (lambda: grad.sum(), "`grad.sum(dim=())` sums over *every* dim, not over none: when no dim needs "

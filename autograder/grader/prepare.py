@@ -85,8 +85,10 @@ FIELDS: dict[str, type[Any] | tuple[type[Any], ...]] = {
     "schema_version": int, "checksum": str, "cell_type": str}
 
 
-def _invalid(cell: NotebookNode) -> str | None:
-    """What is wrong with a cell's nbgrader metadata, if anything."""
+def _invalid(cell: NotebookNode, released_type: str | None) -> str | None:
+    """What is wrong with a cell's nbgrader metadata, if anything. A cell the instructor
+    made is judged as the type it was released as (nbgrader's repair gives it that type
+    back; `tampering` names the change)."""
     meta = cell.metadata["nbgrader"]
     if not isinstance(meta, dict):
         return f"it is {type(meta).__name__ if meta is not None else 'null'}, not an object"
@@ -100,22 +102,26 @@ def _invalid(cell: NotebookNode) -> str | None:
     if not _GRADE_ID.fullmatch(meta.get("grade_id", "x")):
         return "its grade_id is not a name of letters, digits, '_' and '-'"
     try:  # and nbgrader's own rules (required fields, points on a graded cell, ...)
-        _VALIDATOR.validate_cell(nbformat.from_dict({**cell, "metadata": {"nbgrader": _VALIDATOR.upgrade_cell_metadata(
+        _VALIDATOR.validate_cell(nbformat.from_dict({**cell, "cell_type": released_type or cell.cell_type,
+                                                     "metadata": {"nbgrader": _VALIDATOR.upgrade_cell_metadata(
             nbformat.from_dict({"metadata": {"nbgrader": dict(meta)}})).metadata.get("nbgrader", {})}}))
     except (MetadataError, jsonschema.ValidationError, SchemaMismatchError, KeyError, TypeError, ValueError) as error:
         return f"nbgrader's rules: {str(error).strip().splitlines()[0][:120]}"
     return None
 
 
-def sanitize_metadata(nb: NotebookNode) -> list[str]:
+def sanitize_metadata(nb: NotebookNode, released: list[Any]) -> list[str]:
     """Drop nbgrader metadata of an unexpected shape (nbformat's schema allows any), so it
     reaches no code that trusts it: the cell becomes the student's own, and a test cell
     whose metadata was dropped is put back like a deleted one. Returns what was dropped."""
+    types = {_grade_id(cell): cell.get("cell_type") for cell in released if _grade_id(cell)}
     flags = []
     for index, cell in enumerate(nb.cells):
         if "nbgrader" not in cell.metadata:
             continue
-        problem = _invalid(cell)
+        meta = cell.metadata["nbgrader"]
+        grade_id = meta.get("grade_id") if isinstance(meta, dict) and isinstance(meta.get("grade_id"), str) else None
+        problem = _invalid(cell, types.get(grade_id))
         if problem is None:
             cell.metadata["nbgrader"] = {k: v for k, v in cell.metadata["nbgrader"].items() if k in FIELDS}
         else:
@@ -219,7 +225,7 @@ class Preparer:
     def prepare(self, name: str, data: bytes, student: str, assignment: str) -> Prepared:
         """Raises Rejected when the notebook cannot be graded automatically."""
         nb = read(data)
-        flags = sanitize_metadata(nb)
+        flags = sanitize_metadata(nb, self._given(assignment, name))
         flags += tampering(nb, self.gradebook, name, assignment) + edited(nb, self._given(assignment, name))
         known = {cell.name for cell in self.gradebook.find_notebook(name, assignment).source_cells}
         for cell in nb.cells:  # a renamed cell is the student's own: it runs, ungraded

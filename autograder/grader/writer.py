@@ -2,10 +2,14 @@
 
 Student code never runs in this process and cannot reach what it writes. For each
 submission the autograded notebooks are scored by nbgrader's own autograde preprocessors
-(SaveAutoGrades, AssignLatePenalties, LimitOutput, ...) inside one gradebook transaction;
-after the commit the folder moves into autograded/. As in nbgrader, that folder's
-presence means "graded": a grader killed at any point grades that submission again next
-time and never leaves half of one behind. Feedback made before a regrade is removed.
+(SaveAutoGrades, AssignLatePenalties, LimitOutput, ...) inside one gradebook transaction,
+so its rows, late penalties and comments are nbgrader's; then, in the same transaction,
+`_trust` writes each graded cell's score again from the grader's own verdicts. That second
+write is the score: nbgrader's scorers read the cells' outputs, which the grader wrote but
+which say what happened, while the verdict is what the grader decided. After the commit
+the folder moves into autograded/. As in nbgrader, that folder's presence means "graded":
+a grader killed at any point grades that submission again next time and never leaves half
+of one behind. Feedback made before a regrade is removed.
 """
 from __future__ import annotations
 
@@ -95,7 +99,8 @@ class Writer:
 
     @staticmethod
     def _trust(gb: Gradebook, submission: Submission, result: NotebookResult) -> None:
-        """The grader's own verdicts are the scores (the outputs nbgrader scored are its report)."""
+        """Each graded cell's score, written over what nbgrader's scorers read from its outputs:
+        the grader's own verdict (the module's docstring says why both are written)."""
         grades = gb.grades(result.name, submission.assignment, submission.student)
         for grade_id, score in result.trusted_scores().items():
             grades[grade_id].auto_score = score
