@@ -44,9 +44,11 @@ lab: $(STAMP) system-tools
 
 # The instructor's JupyterLab on the course root (COURSE, by default this repository):
 # formgrader (Nbgrader menu → Formgrader) and Create Assignment, on its gradebook
-# (jupyter/instructor/). nbgrader reads nbgrader_config.py from the folder it starts in.
+# (jupyter/instructor/). nbgrader reads nbgrader_config.py from the folder it starts in;
+# without a shared exchange the course gets an exchange/ of its own, so formgrader has one.
 COURSE ?= $(CURDIR)
 instructor: $(STAMP) system-tools
+	@[ -n "$$NBGRADER_EXCHANGE" ] || [ -d /srv/nbgrader/exchange ] || mkdir -p $(COURSE)/exchange  # nbgrader_config.py's
 	cd $(COURSE) && PATH=$(CURDIR)/$(BIN):$$PATH JUPYTER_CONFIG_PATH=$(CURDIR)/jupyter/instructor \
 	  $(CURDIR)/$(BIN)/jupyter lab --ServerApp.root_dir=$(COURSE) $(ROOT_FLAG) $(LAB_ARGS)
 

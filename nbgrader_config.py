@@ -20,12 +20,12 @@ c.CourseDirectory.student_id = "*"
 # nbgrader's exchange, where the Assignment List releases, fetches, submits and collects: on a
 # JupyterHub the folder every server sees (README, "Running the course on a JupyterHub"; the
 # students' servers read the same place from jupyter/hub/student/nbgrader_config.py). Without
-# one, a folder of the course's own (ignored by git), so formgrader has an exchange to list.
+# one, a folder of the course's own (ignored by git), so formgrader has an exchange to list:
+# `make instructor` makes it (reading this file creates nothing).
 SHARED_EXCHANGE = "/srv/nbgrader/exchange"
 c.Exchange.root = os.environ.get("NBGRADER_EXCHANGE") or SHARED_EXCHANGE
 if not os.environ.get("NBGRADER_EXCHANGE") and not os.path.isdir(SHARED_EXCHANGE):
     c.Exchange.root = os.path.join(c.CourseDirectory.root, "exchange")
-    os.makedirs(c.Exchange.root, exist_ok=True)
 
 # A student who deletes a graded cell gets it back (with zero points) instead of
 # breaking the grading of the whole notebook.

@@ -180,7 +180,12 @@ def secret(
         typer.echo(f"error: {root} is not a course root (no nbgrader_config.py): run this there, or pass --course",
                    err=True)
         raise typer.Exit(2)
-    key = secrets.rotate(root) if rotate else secrets.load(root)[0]
+    try:
+        key = secrets.rotate(root) if rotate else secrets.load(root)[0]
+    except (OSError, ValueError) as error:
+        typer.echo(f"error: the grading secret {secrets.path(root)} cannot be {'made' if rotate else 'read or made'} "
+                   f"({error})" + ("" if rotate else "; `autograder secret --rotate` makes a new one"), err=True)
+        raise typer.Exit(1) from None
     typer.echo(f"{'new ' if rotate else ''}grading secret {secrets.fingerprint(key)} in {secrets.path(root)}")
 
 

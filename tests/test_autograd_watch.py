@@ -118,3 +118,15 @@ def test_a_backward_that_behaves_otherwise_unwatched_is_judged_as_it_behaves_wat
 def test_an_honest_backward_passes_and_leaves_no_evidence(remote, capfd):
     assert _judged(clipped(lambda x, g, c: g * ((x > 0) & (x < c))), remote) == []
     assert capfd.readouterr().err == ""  # the profiler's own messages never reach a test cell's stderr
+
+
+def test_where_the_watch_cannot_run_there_is_no_verdict_on_it_but_a_look(monkeypatch):
+    """When the profiler cannot start (no threads left: a fork bomb's children hold the
+    process limit) the values still decide, and a person is told why it was not watched
+    (an honest backward lost its points to "could not be watched")."""
+    def no_threads_left(*args, **kwargs):
+        raise RuntimeError("Resource temporarily unavailable")
+
+    monkeypatch.setattr(torch.autograd.profiler, "profile", no_threads_left)
+    found = _judged(clipped(lambda x, g, c: g * ((x > 0) & (x < c))), remote=True)
+    assert found and all("could not be watched (Resource temporarily unavailable)" in f for f in found), found

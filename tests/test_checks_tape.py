@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import gc
 import inspect
+import subprocess
 import sys
+import textwrap
 
 import nbformat
 import pytest
@@ -432,3 +434,29 @@ def test_the_notebooks_tape_is_restored_after_a_check():
     checks.check_ops(*(ns[f"operator_{o}"] for o in BASIC))
     checks.check_grad(ns["grad"])
     assert {k: ns[k] for k in before} == before and ns["gradient_tape"] == tape_before
+
+
+def test_the_watch_stopping_a_recursion_is_not_the_notebooks_tracer_but_a_cell_installing_one_is():
+    """Python switches a trace function that raised off with an audited settrace, in the
+    student's frame: the recursion watch stopping a recursion is not counted as the
+    notebook installing a trace function (it flagged every recursive answer of 01)."""
+    code = textwrap.dedent('''
+        import sys
+        from autograder.student import attempts, tape
+        attempts.watch()
+        cell = compile("def visit(n):\\n    return visit(n + 1)\\n", "<ipython-input-25-abc>", "exec")
+        ns = {}
+        exec(cell, ns)
+        try:
+            with tape.RecursionWatch():
+                ns["visit"](0)
+        except RecursionError:
+            pass
+        print(attempts.take())
+        exec(compile("import sys\\nsys.settrace(lambda *a: None)\\n", "<ipython-input-26-abc>", "exec"), {})
+        print(attempts.take())
+    ''')
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    stopped, installed = done.stdout.splitlines()
+    assert stopped == "[]", done.stdout + done.stderr
+    assert "installs a trace function (In [26], line 2)" in installed, installed

@@ -120,7 +120,8 @@ def test_cut_output_keeps_what_scores(ran):
 def test_workers_preload_what_the_notebooks_import_and_stay_single_threaded():
     """Preloaded once in the warm worker, a module is already there for every notebook, and
     so is the compiler's machinery once it has compiled; the worker, which forks, still runs
-    one thread after importing what all of the course's notebooks import and compiling."""
+    one thread after importing what all of the course's notebooks import and compiling. (The
+    marker of compiling: a module of the compiler that no notebook imports itself.)"""
     root = Path(__file__).resolve().parent.parent
     modules = list(dict.fromkeys(
         name for notebook in sorted((root / "course").glob("*/*.ipynb"))
@@ -129,8 +130,9 @@ def test_workers_preload_what_the_notebooks_import_and_stay_single_threaded():
     ))
     assert "matplotlib.pyplot" in modules and "torchviz" in modules
     probe = Program([(0, "probe",
-                      "import os, sys\n('matplotlib.pyplot' in sys.modules, 'functorch.compile' in sys.modules, "
-                                  "len(os.listdir(f'/proc/{os.getppid()}/task')))")])
+                      "import os, sys\n('matplotlib.pyplot' in sys.modules, "
+                      "'torch._inductor.scheduler' in sys.modules, "
+                      "len(os.listdir(f'/proc/{os.getppid()}/task')))")])
     with Pool(1, sandbox.probe(True, root), root, Limits(timeout=60)) as pool:
         before = pool.workers[0].run(probe, Limits(timeout=60))
         pool.preload(modules)

@@ -86,3 +86,27 @@ def test_a_verdict_replays_and_survives_a_rotated_secret(course):
     assert still.returncode == 0 and "the same verdict" in still.stdout, still.stdout + still.stderr
     assert grade(course, SLUG, "--force", "-s", "model").returncode == 0
     assert _judged(course, "model")["seeds"] != seeds
+
+
+def test_a_secret_is_made_whole_or_not_at_all_and_a_damaged_one_is_one_line(tmp_path, monkeypatch):
+    """A full disk while the secret is made leaves no empty secret behind (which the next run
+    would read as another secret); a damaged one stops grading with one line."""
+    import errno
+    import os
+
+    from autograder.grader import secret
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "fsync", full)
+        with pytest.raises(OSError):
+            secret.load(tmp_path)
+    assert not list((tmp_path / ".autograder").iterdir())
+    (tmp_path / "nbgrader_config.py").write_text("")
+    secret.path(tmp_path).write_text("12ab\n")
+    told = subprocess.run([str(Path(sys.executable).with_name("autograder")), "secret", "--course", str(tmp_path)],
+                          capture_output=True, text=True)
+    assert told.returncode == 1 and told.stdout == "" and len(told.stderr.strip().splitlines()) == 1, told.stderr
+    assert "does not hold a secret of 32 bytes" in told.stderr and "--rotate" in told.stderr

@@ -165,6 +165,9 @@ def _agree(student: Any, spec: FunctionSpec, plan: _Plan, actual: probe.Probe, n
         _fail_error(spec, error, names, shown, args, layout=_failed_layout(actual))
     if actual.asked_autograd:
         _fail_asking_autograd(spec, actual.asked_autograd, shown)
+    if actual.unwatched:  # best effort: no verdict without evidence, but a person may want to know why
+        evidence_module.worth_a_look(f"{spec.name}: whether its Function asks autograd could not be watched "
+                                     f"({actual.unwatched})")
 
     wrt_names = [n for n, a in zip(labels, args) if probe.differentiable(a)]
     _compare_grads(spec, args, wrt_names, expected.grads[0], actual.grads[0], expected.grads[1],

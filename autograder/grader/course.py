@@ -110,9 +110,10 @@ def _secret(root: Path, console: Console) -> bytes:
     try:
         key, made = secret.load(root)
     except (OSError, ValueError) as error:
-        raise GradingError(f"the course's grading secret {secret.path(root)} cannot be read ({error}): restore it "
-                           "from your copy of the instructor's files, or make a new one with `autograder secret "
-                           "--rotate` (grades from then on draw other inputs)", FAILED) from None
+        raise GradingError(f"the course's grading secret {secret.path(root)} cannot be read or made ({error}): "
+                           "free space or fix the permissions, restore it from your copy of the instructor's "
+                           "files, or make a new one with `autograder secret --rotate` (grades from then on draw "
+                           "other inputs)", FAILED) from None
     if made:
         console.print(f"Made the course's grading secret, {secret.path(root)}: keep it with the gradebook "
                       "(regrades draw the same inputs only with it).")

@@ -14,11 +14,13 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+import tempfile
 from pathlib import Path
 
 from .preflight import STATE
 
 NAME = "secret"
+SIZE = 32  # bytes
 
 
 def path(root: Path) -> Path:
@@ -26,20 +28,22 @@ def path(root: Path) -> Path:
 
 
 def load(root: Path) -> tuple[bytes, bool]:
-    """(the course's secret, whether it was made just now)."""
+    """(the course's secret, whether it was made just now). Raises ValueError when the file
+    does not hold one (damaged), OSError when it cannot be read or made."""
     where = path(root)
     try:
-        return bytes.fromhex(where.read_text().strip()), False
+        return _read(where), False
     except FileNotFoundError:
         pass
     where.parent.mkdir(exist_ok=True)
-    try:
-        fd = os.open(where, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:  # another process made it meanwhile
-        return bytes.fromhex(where.read_text().strip()), False
-    made = secrets.token_bytes(32)
-    with os.fdopen(fd, "w") as f:
-        f.write(made.hex() + "\n")
+    made = secrets.token_bytes(SIZE)
+    staged = _staged(where, made)
+    try:  # a link appears whole or not at all (a full disk leaves no empty secret behind),
+        os.link(staged, where)  # and only if no other process made one meanwhile
+    except FileExistsError:
+        return _read(where), False
+    finally:
+        os.unlink(staged)
     return made, True
 
 
@@ -47,13 +51,34 @@ def rotate(root: Path) -> bytes:
     """A new secret in place of the old one (grades from now on draw other inputs)."""
     where = path(root)
     where.parent.mkdir(exist_ok=True)
-    made = secrets.token_bytes(32)
-    staged = where.with_name(NAME + ".new")
-    fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(made.hex() + "\n")
-    os.replace(staged, where)
+    made = secrets.token_bytes(SIZE)
+    os.replace(_staged(where, made), where)
     return made
+
+
+def _read(where: Path) -> bytes:
+    try:
+        found = bytes.fromhex(where.read_text().strip())
+    except (ValueError, UnicodeDecodeError):
+        found = b""
+    if len(found) != SIZE:
+        raise ValueError(f"it does not hold a secret of {SIZE} bytes")
+    return found
+
+
+def _staged(where: Path, secret: bytes) -> Path:
+    """`secret` written and synced to disk under a temporary name beside `where`."""
+    fd, name = tempfile.mkstemp(dir=where.parent, prefix=f".{NAME}-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(secret.hex() + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(name, 0o600)
+    except BaseException:
+        os.unlink(name)
+        raise
+    return Path(name)
 
 
 def fingerprint(secret: bytes) -> str:

@@ -20,7 +20,8 @@ CELL_FILES = "<ipython-input-"  # the file name IPython gives a cell's code
 FRAMES = {"sys._getframe": "sys._getframe (or inspect's frame functions)", "sys._current_frames": "sys._current_frames"}
 FRAME_ATTRIBUTES = {"tb_frame", "gi_frame", "cr_frame", "ag_frame"}
 TRACING = {"sys.settrace": "installs a trace function", "sys.setprofile": "installs a profile function"}
-HELPERS = {"inspect", "traceback", "threading"}  # the standard library's ways to the same calls
+HELPERS = {"inspect", "traceback", "threading"}
+COURSE = "autograder.student."  # the course's own tracers live here  # the standard library's ways to the same calls
 
 _seen: dict[str, None] = {}
 _busy = threading.local()  # a thread inside the hook: what the hook itself does is not seen
@@ -31,7 +32,7 @@ def _hook(event: str, args: tuple[Any, ...]) -> None:
         what = f"reaches the interpreter's frames with {FRAMES[event]}"
     elif event == "object.__getattr__" and len(args) == 2 and args[1] in FRAME_ATTRIBUTES:
         what = f"reaches the interpreter's frames through .{args[1]}"
-    elif event in TRACING:
+    elif event in TRACING and not _stopping_the_courses_tracer(event):
         what = TRACING[event]
     else:
         return
@@ -47,6 +48,16 @@ def _hook(event: str, args: tuple[Any, ...]) -> None:
             _seen[f"the notebook's code {what} (In [{cell}], line {caller.f_lineno})"] = None
     finally:
         _busy.inside = False
+
+
+def _stopping_the_courses_tracer(event: str) -> bool:
+    """Python switches off a trace function that raised with an audited settrace, in the
+    frame it was tracing: the course's recursion watch stopping a student's recursion
+    (student/tape.py) is not the notebook's doing. (Code that removes that watch is named
+    by the watch itself.)"""
+    current = sys.gettrace() if event == "sys.settrace" else sys.getprofile()
+    owner = getattr(current, "__self__", None)
+    return owner is not None and type(owner).__module__.startswith(COURSE)
 
 
 def watch() -> None:

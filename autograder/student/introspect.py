@@ -34,6 +34,7 @@ class AutogradWatch:
     def __init__(self, function: Any) -> None:
         self.own = f"{EVALUATE}{function.__name__}Backward"
         self.evidence: list[str] = []
+        self.unwatched: str | None = None  # why the watch could not run: no verdict, a look
 
     @contextlib.contextmanager
     def watching(self) -> Iterator["AutogradWatch"]:
@@ -44,8 +45,8 @@ class AutogradWatch:
                 profile = torch.autograd.profiler.profile(
                     use_kineto=True, experimental_config=_ExperimentalConfig(profile_all_threads=True))
                 profile.__enter__()
-        except (RuntimeError, TypeError) as error:  # a profiler of the notebook's own runs
-            self.evidence.append(f"autograd's use could not be watched ({error})")
+        except (RuntimeError, TypeError) as error:  # a profiler of the notebook's own runs, no threads left
+            self.unwatched = probe.first_line(error, 200)
             yield self
             return
         try:

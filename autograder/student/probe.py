@@ -68,8 +68,10 @@ class Probe:
     # Indices k of the grad_outputs sets whose tensors backward changed in place.
     modified_grad_outputs: list[int] = field(default_factory=list)
     error: ProbeError | None = None
-    # What asked autograd inside the Function, if it was watched (introspect.AutogradWatch).
+    # What asked autograd inside the Function, if it was watched (introspect.AutogradWatch),
+    # and why it could not be watched, where it could not.
     asked_autograd: list[str] = field(default_factory=list)
+    unwatched: str | None = None
 
     @staticmethod
     def from_data(data: Any) -> "Probe":
@@ -82,6 +84,7 @@ class Probe:
                 modified_grad_outputs=[k for k in data["modified_grad_outputs"] if isinstance(k, int)],
                 error=ProbeError.from_data(data["error"]),
                 asked_autograd=[_cut(str(a)) for a in data["asked_autograd"][:20]],
+                unwatched=None if data.get("unwatched") is None else _cut(str(data["unwatched"])),
             )
         except (KeyError, TypeError) as bad:
             raise Malformed(f"malformed probe: {bad}") from None
@@ -338,7 +341,7 @@ def _run(fn: Any, args: tuple[Any, ...], grad_outputs: list[Any], grad_grads: li
 
     with AutogradWatch(fn).watching() as watched:
         found = _probed(fn, args, grad_outputs, grad_grads, layouts)
-    return {**found, "asked_autograd": watched.evidence}
+    return {**found, "asked_autograd": watched.evidence, "unwatched": watched.unwatched}
 
 
 def _probed(fn: Any, args: tuple[Any, ...], grad_outputs: list[Any], grad_grads: list[Any] | None,
