@@ -76,7 +76,7 @@ def grade(
     grading this course, 4 an operational failure (gradebook locked, disk full, folder not
     writable): what was saved stays saved, and running again finishes the rest.
     """
-    from .grader.grade import grade as run
+    from .grader.grade import run
     from .grader.preflight import FAILED, GradingError
     from .grader.records import Options
     from .isolation import sandbox

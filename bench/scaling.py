@@ -73,7 +73,7 @@ class Phase:
     def grade(self, root: Path, scheduler: str | None = None, jobs: int = 2, db: str | None = None) -> dict:
         from rich.console import Console
 
-        from autograder.grader.grade import grade
+        from autograder.grader.grade import run as grade
         from autograder.grader.records import Options
 
         options = Options(root=root, force=True, jobs=jobs, db_url=db)

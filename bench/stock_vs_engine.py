@@ -269,7 +269,7 @@ def main() -> None:
 
     from autograder.isolation import sandbox
 
-    isolation = sandbox.probe(True, engine.root).summary()
+    isolation = sandbox.detect(True, engine.root).summary()
     n = len(kinds)
     counts = {kind: sum(k == kind for k in kinds.values()) for kind in sorted(set(kinds.values()))}
     lines = [

@@ -231,7 +231,7 @@ def test_the_two_output_test_entry_is_answered_for_each_pattern_of_output_gradie
         assert torch.equal(gx, g * y) and torch.equal(gy, g * x)
         gx, gy = probe.ask(_question("pair", grads=[None, g]))
         assert torch.equal(gx, g) and torch.equal(gy, g)
-        with pytest.raises(checks.Refused):
+        with pytest.raises(probe.Refused):
             probe.ask(_question("pair", grads=[g]))  # one gradient per output
 
 
@@ -266,7 +266,7 @@ BAD_QUESTIONS = {
 
 @pytest.mark.parametrize("question", BAD_QUESTIONS.values(), ids=BAD_QUESTIONS)
 def test_malformed_questions_are_refused(question):
-    with checks.answering({"mul", "expand", "sin"}), pytest.raises(checks.Refused):
+    with checks.answering({"mul", "expand", "sin"}), pytest.raises(probe.Refused):
         probe.ask(question)
 
 
@@ -337,7 +337,7 @@ def test_what_a_student_captures_in_one_check_gets_no_answer_in_another(how, mod
     # and outside any check, nobody answers at all
     with pytest.raises(probe.NobodyToAsk):
         stolen["entry"].propagate([V(ones)])
-    with pytest.raises(checks.Refused):
+    with pytest.raises(probe.Refused):
         stolen["answerer"](_question())
 
 

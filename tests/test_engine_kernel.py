@@ -43,7 +43,7 @@ def ran():
     program = Program([(i, name, source) for i, (name, source) in enumerate(CELLS.items())], {"data.txt": b"beside"})
     fresh = Program([(0, "fresh", "x")])
     small = Program([(0, "loud", "print('x' * 5000)\nimport sys; print('late', file=sys.stderr)\n0.5")])
-    with Pool(1, sandbox.probe(True, root), root, Limits(timeout=60)) as pool:
+    with Pool(1, sandbox.detect(True, root), root, Limits(timeout=60)) as pool:
         pool.submit("main", [program])
         pool.submit("fresh", [fresh])
         runs = dict(pool.result() for _ in range(2))
@@ -133,7 +133,7 @@ def test_workers_preload_what_the_notebooks_import_and_stay_single_threaded():
                       "import os, sys\n('matplotlib.pyplot' in sys.modules, "
                       "'torch._inductor.scheduler' in sys.modules, "
                       "len(os.listdir(f'/proc/{os.getppid()}/task')))")])
-    with Pool(1, sandbox.probe(True, root), root, Limits(timeout=60)) as pool:
+    with Pool(1, sandbox.detect(True, root), root, Limits(timeout=60)) as pool:
         before = pool.workers[0].run(probe, Limits(timeout=60))
         pool.preload(modules)
         imported_only = pool.workers[0].run(probe, Limits(timeout=60))

@@ -17,8 +17,8 @@ import pytest
 from nbgrader.api import Gradebook
 from nbgrader.coursedir import CourseDirectory
 
+from autograder.grader import class_report
 from autograder.grader import course as grading_course
-from autograder.grader import report
 from autograder.grader.preflight import load_config
 from autograder.grader.records import Options
 from grading import Course, points
@@ -75,12 +75,12 @@ def test_the_lms_csv_has_canvas_columns_roster_names_and_totals(graded):
 
 def test_grades_png_shows_totals_statuses_mean_and_median(graded):
     _export(graded)
-    found = report.scores(graded.db_url, "autograd-course", SLUG, graded.root / "solutions" / SLUG,
-                          report.read_failed(graded.root / "reports" / SLUG / "last-run.csv"))
+    found = class_report.scores(graded.db_url, "autograd-course", SLUG, graded.root / "solutions" / SLUG,
+                          class_report.read_failed(graded.root / "reports" / SLUG / "last-run.csv"))
     assert found.statuses["s05"] == "flagged" and found.statuses["s07"] == "failed"
     assert sum(s == "graded" for s in found.statuses.values()) == 10
     assert found.top == points(SLUG) and len(found.totals) == 12
-    top = report.draw(found, SLUG).axes[0]
+    top = class_report.draw(found, SLUG).axes[0]
     legend = [text.get_text() for text in top.get_legend().get_texts()]
     totals = list(found.totals.values())
     assert f"mean {statistics.fmean(totals):.1f}" in legend and f"median {statistics.median(totals):g}" in legend
@@ -102,7 +102,7 @@ def test_grades_png_shows_totals_statuses_mean_and_median(graded):
 
 def test_bins_are_even_and_cover_every_score():
     for top in (1, 3, 10, 17.5, 42, 100, 260):
-        edges, width = report.even_bins(top)
+        edges, width = class_report.even_bins(top)
         assert edges[0] == 0 and edges[-1] >= top and len(edges) - 1 <= 20
         assert all(abs((b - a) - width) < 1e-12 for a, b in zip(edges, edges[1:]))
 

@@ -122,7 +122,7 @@ class _Plan:
     args: tuple
     shown: list[str]  # the arguments, described before the student's forward could change them
     grad_outputs: list[list[torch.Tensor]]
-    expected: probe.Probe
+    expected: probe.Observed
     run: probe.Run
 
 
@@ -141,7 +141,7 @@ def _plan(spec: FunctionSpec, args: tuple, names: list[str], generator) -> _Plan
                  probe.Run(args, grad_outputs, grad_grads, LAYOUTS, watch=not spec.autograd_in_backward))
 
 
-def _agree(student: Any, spec: FunctionSpec, plan: _Plan, actual: probe.Probe, names: list[str]) -> bool:
+def _agree(student: Any, spec: FunctionSpec, plan: _Plan, actual: probe.Observed, names: list[str]) -> bool:
     """Fail unless the student's run agrees with the reference's; return whether its
     forward values are float32 numbers (see `_compare_outputs`)."""
     __tracebackhide__ = True
@@ -220,13 +220,13 @@ def _in_float32(student: Any, spec: FunctionSpec, args: tuple, names: list[str],
                  "overflows in float32), or a value computed from something other than the input.")
 
 
-def _failed_layout(actual: probe.Probe) -> str | None:
+def _failed_layout(actual: probe.Observed) -> str | None:
     """The layout of the grad_output set whose backward raised (sets run in order)."""
     k = len(actual.grads)
     return LAYOUTS[k] if k < len(LAYOUTS) else None
 
 
-def _check_grad_outputs_left_alone(spec: FunctionSpec, actual: probe.Probe, shown: list[str]) -> None:
+def _check_grad_outputs_left_alone(spec: FunctionSpec, actual: probe.Observed, shown: list[str]) -> None:
     __tracebackhide__ = True
     if actual.modified_grad_outputs:
         fail(
@@ -519,7 +519,7 @@ def _gradcheck_error(check: Callable, fn: Callable, tensors: tuple, fast_mode: b
 DIRECTIONS = 2  # random directions per input: a wrong entry escapes both with probability 0
 
 
-def _finite_differences(student: probe.StudentProxy, spec: FunctionSpec, plan: _Plan, actual: probe.Probe,
+def _finite_differences(student: probe.StudentProxy, spec: FunctionSpec, plan: _Plan, actual: probe.Observed,
                         names: list[str], generator: torch.Generator, eps: float = 1e-6, *,
                         rounded: bool = False) -> None:
     """gradcheck for code that runs elsewhere: central differences of the student's own
@@ -551,7 +551,7 @@ def _direction(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return torch.randn(x.shape, generator=generator, dtype=x.dtype).to(x.device)
 
 
-def _second_finite_differences(student: probe.StudentProxy, spec: FunctionSpec, plan: _Plan, actual: probe.Probe,
+def _second_finite_differences(student: probe.StudentProxy, spec: FunctionSpec, plan: _Plan, actual: probe.Observed,
                                names: list[str], generator: torch.Generator, eps: float = 1e-6) -> None:
     """gradgradcheck for code that runs elsewhere: along a random direction u of each input,
     central differences of the student's own vector-Jacobian product <vjp(x; v), w> must

@@ -140,7 +140,7 @@ class Raised:
 
 
 @dataclass
-class Outcome:
+class Attempt:
     value: Any  # what the student's function returned (None if it raised)
     raised: Raised | None
     inputs: Any  # the inputs it was given, afterwards: did it change the caller's tensors?
@@ -149,7 +149,7 @@ class Outcome:
 def _attempt(
     student: Any, f: Callable, inputs: Any, *rest: Any,
     options: dict | None = None, torch_numerical_jacobian: bool = False, strided: tuple[int, ...] = (),
-) -> Outcome:
+) -> Attempt:
     """`student(f, inputs, *rest, **options)`, quietly; with `torch_numerical_jacobian`,
     torch's own finite differences replace the notebook's numerical_jacobian while it runs
     (so that exercise 5.2 is graded independently of exercise 5.1); the inputs at the
@@ -161,7 +161,7 @@ def _attempt(
         raise probe.Malformed("malformed outcome")
     if not _same_form(data["inputs"], inputs):
         raise probe.Malformed("malformed inputs")
-    return Outcome(data["value"], Raised.from_data(data["raised"]), data["inputs"])
+    return Attempt(data["value"], Raised.from_data(data["raised"]), data["inputs"])
 
 
 def _same_form(after: Any, before: Any) -> bool:

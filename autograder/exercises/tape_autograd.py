@@ -44,7 +44,7 @@ RTOL, ATOL = 1e-7, 1e-10
 TORCH_OPS = tape.TORCH_OPS
 
 
-def random_program(ops: Sequence[str], length: int, rng: random.Random) -> tape.Program:
+def random_program(ops: Sequence[str], length: int, rng: random.Random) -> tape.TapeProgram:
     """Three inputs of one shape; (3,) for elementwise operations, (3, 3) with matmul or
     t. "sum" is followed by "expand" back to that shape, and its scalar is not reused."""
     size = (3, 3) if ("matmul" in ops or "t" in ops) else (3,)
@@ -59,7 +59,7 @@ def random_program(ops: Sequence[str], length: int, rng: random.Random) -> tape.
             steps.append(("expand", (index,)))
             index += 1
         usable.append(index)
-    return tape.Program(3, tuple(steps), size)
+    return tape.TapeProgram(3, tuple(steps), size)
 
 
 # --- answers to the stand-ins' questions ------------------------------------------------------
@@ -73,10 +73,6 @@ QUESTION_KEYS = {"op", "sizes", "vjp", "inputs", "grads"}
 # but float32 are computed with in float64.
 QUESTION_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
                    torch.int16, torch.int8, torch.uint8, torch.bool)
-
-
-class Refused(ValueError):
-    """The judging side does not answer this question."""
 
 
 def _arity(op: str, depth: int) -> tuple[int, int]:
@@ -99,7 +95,7 @@ def _apply(op: str, sizes: tuple | None, depth: int, args: list, create_graph: b
     pairs = [(o, g) for o, g in zip(outs, gs) if o is not None and g is not None]
     for o, g in pairs:
         if o.shape != g.shape:
-            raise Refused(f"a gradient of shape {shape(g)} was given for a value of shape {shape(o)}")
+            raise probe.Refused(f"a gradient of shape {shape(g)} was given for a value of shape {shape(o)}")
     live = [(o, g.to(o.dtype)) for o, g in pairs if o.requires_grad]
     wrt = [i for i, x in enumerate(xs) if x is not None and x.requires_grad]
     result: list = [None] * n
@@ -113,47 +109,47 @@ def _apply(op: str, sizes: tuple | None, depth: int, args: list, create_graph: b
 
 def _question_tensor(t: Any, what: str) -> torch.Tensor:
     if type(t) is not torch.Tensor:
-        raise Refused(f"{what} is not a tensor")
+        raise probe.Refused(f"{what} is not a tensor")
     if t.dtype not in QUESTION_DTYPES or t.device.type != "cpu" or t.layout != torch.strided:
-        raise Refused(f"{what} must be a real CPU tensor")
+        raise probe.Refused(f"{what} must be a real CPU tensor")
     if t.dim() > MAX_DIMS or t.numel() > MAX_NUMEL:
-        raise Refused(f"{what} is larger than any value of these checks")
+        raise probe.Refused(f"{what} is larger than any value of these checks")
     return t.detach() if t.dtype in (torch.float64, torch.float32) else t.detach().to(torch.float64)
 
 
 def answer_question(question: Any, allowed: frozenset[str]) -> list:
     """The input gradients of one stand-in entry, from plain data alone (stateless)."""
     if not isinstance(question, dict) or set(question) != QUESTION_KEYS:
-        raise Refused("malformed question")
+        raise probe.Refused("malformed question")
     op, sizes, depth = question["op"], question["sizes"], question["vjp"]
     if not isinstance(op, str) or op not in TORCH_OPS:
-        raise Refused("unknown operation")
+        raise probe.Refused("unknown operation")
     if op not in allowed:
-        raise Refused(f"no answers about `{op}` during this check")
+        raise probe.Refused(f"no answers about `{op}` during this check")
     if type(depth) is not int or not 0 <= depth <= MAX_DEPTH:
-        raise Refused("unsupported order of differentiation")
+        raise probe.Refused("unsupported order of differentiation")
     if op == "expand":
         if not isinstance(sizes, list) or not 0 < len(sizes) <= MAX_DIMS or not all(
             type(s) is int and 0 < s <= MAX_NUMEL for s in sizes
         ) or math.prod(sizes) > MAX_NUMEL:
-            raise Refused("malformed sizes")
+            raise probe.Refused("malformed sizes")
         sizes = tuple(sizes)
     elif sizes is not None:
-        raise Refused("malformed sizes")
+        raise probe.Refused("malformed sizes")
     n_in, n_out = _arity(op, depth)
     values, grads = question["inputs"], question["grads"]
     if not isinstance(values, list) or len(values) != n_in or not isinstance(grads, list) or len(grads) != n_out:
-        raise Refused("wrong number of values")
+        raise probe.Refused("wrong number of values")
     first = TORCH_OPS[op][0]  # the operation's own inputs are never None
     values = [None if v is None and i >= first else _question_tensor(v, f"input {i}") for i, v in enumerate(values)]
     grads = [None if g is None else _question_tensor(g, f"gradient {i}") for i, g in enumerate(grads)]
     leaves = [None if v is None else v.clone().requires_grad_() for v in values]
     try:
         found = _apply(op, sizes, depth + 1, [*leaves, *grads], create_graph=False)
-    except Refused:
+    except probe.Refused:
         raise
     except Exception as exc:  # shapes that do not fit the operation
-        raise Refused(f"cannot evaluate {op}: {exc}") from None
+        raise probe.Refused(f"cannot evaluate {op}: {exc}") from None
     return [None if f is None else f.detach() for f in found]
 
 
@@ -169,10 +165,10 @@ class StandInAnswers:
 
     def __call__(self, question: Any) -> list:
         if not self.open:
-            raise Refused("the check that this question belongs to is over")
+            raise probe.Refused("the check that this question belongs to is over")
         self.asked += 1
         if self.asked > MAX_QUESTIONS:
-            raise Refused("too many questions")
+            raise probe.Refused("too many questions")
         return answer_question(question, self.allowed)
 
 
@@ -715,7 +711,7 @@ def check_ops(*ops: Callable[..., Any], seed: int | None = 0) -> None:
            f"on {len(cases)} cases (inputs of shapes {shapes}).")
 
 
-def _program_cases(program: tape.Program, xs: list[torch.Tensor], ops: Sequence[str],
+def _program_cases(program: tape.TapeProgram, xs: list[torch.Tensor], ops: Sequence[str],
                    generator: torch.Generator) -> list[OpCase]:
     """A case per operation of `ops` in `program` (one at its first step, one more where it
     takes one value twice), at the values the program computes there, with the gradient of
@@ -743,7 +739,7 @@ def _program_cases(program: tape.Program, xs: list[torch.Tensor], ops: Sequence[
     return cases
 
 
-def _inputs(program: tape.Program, rng: random.Random) -> list[torch.Tensor]:
+def _inputs(program: tape.TapeProgram, rng: random.Random) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(rng.randrange(2**31))
     return [torch.rand(program.size, generator=generator, dtype=torch.float64) - 0.5 for _ in range(program.leaves)]
 
@@ -768,7 +764,7 @@ def check_ops_on_programs(*ops: Callable[..., Any], programs: int = 20, length: 
 
 # --- whole programs, walked by the student's grad ------------------------------------------
 
-def program_transcript(grad: Callable[..., Any], keep: Sequence[str], program: tape.Program,
+def program_transcript(grad: Callable[..., Any], keep: Sequence[str], program: tape.TapeProgram,
                        xs: list[torch.Tensor], walk: str = "tape") -> dict:
     return probe.invoke(tape.program_transcript, grad, list(keep), program.data, xs, walk)
 
@@ -781,7 +777,7 @@ UNUSED_CAUSE = (
 
 
 def judge_program(
-    transcript: dict, program: tape.Program, xs: list[torch.Tensor], *, label: str, description: str | None = None,
+    transcript: dict, program: tape.TapeProgram, xs: list[torch.Tensor], *, label: str, description: str | None = None,
     first_cause: str | None = None, second_cause: str | None = None, second_order: bool = True,
 ) -> None:
     """The program's gradients, and (with `second_order`) those of their squared norm, as torch's."""
@@ -871,33 +867,33 @@ class GradCase:
     likely cause of a wrong first-order gradient. walk="order": grad gets `order=` and an
     empty tape (first order only)."""
 
-    program: tape.Program
+    program: tape.TapeProgram
     description: str
     cause: str = ACCUMULATE_CAUSE
     walk: str = "tape"
 
 
 GRAD_CASES = [
-    GradCase(tape.Program(3, (("mul", (0, 1)), ("sum", (3,)), ("sentinel", (0,))), (3,), loss=4),
+    GradCase(tape.TapeProgram(3, (("mul", (0, 1)), ("sum", (3,)), ("sentinel", (0,))), (3,), loss=4),
              "an entry recorded after L (its output has no gradient, so it must be skipped)"),
-    GradCase(tape.Program(3, (("sentinel", (0,)), ("mul", (0, 1))), (3,)),
+    GradCase(tape.TapeProgram(3, (("sentinel", (0,)), ("mul", (0, 1))), (3,)),
              "a dead branch: u = sentinel(x) is recorded before L = sum(x * w) but does not lead to L "
              "(its output has no gradient, so it must be skipped)"),
-    GradCase(tape.Program(3, (("first", (0, 1)), ("mul", (3, 3)), ("mul", (1, 0)), ("add", (4, 5))), (3,)),
+    GradCase(tape.TapeProgram(3, (("first", (0, 1)), ("mul", (3, 3)), ("mul", (1, 0)), ("add", (4, 5))), (3,)),
              "first(x, w) = x, whose propagate returns [dL_dr, None]; L = sum(first * first + w * x)"),
-    GradCase(tape.Program(3, (("exp", (0,)), ("mul", (3, 1)), ("sin", (3,)), ("add", (4, 5))), (3,)),
+    GradCase(tape.TapeProgram(3, (("exp", (0,)), ("mul", (3, 1)), ("sin", (3,)), ("add", (4, 5))), (3,)),
              "y = exp(x) is used twice: L = sum(y * w + sin(y))"),
-    GradCase(tape.Program(3, (("mul", (0, 0)), ("mul", (3, 1))), (3,)),
+    GradCase(tape.TapeProgram(3, (("mul", (0, 0)), ("mul", (3, 1))), (3,)),
              "x is both inputs of one multiplication: L = sum(x * x * w)"),
-    GradCase(tape.Program(2, (("add", (0, 1)), ("mul", (2, 1))), (3,)),
+    GradCase(tape.TapeProgram(2, (("add", (0, 1)), ("mul", (2, 1))), (3,)),
              "L0 = sum((a + b) * b); then the gradients of L1 = sum(dL0/da ** 2 + dL0/db ** 2)"),
-    GradCase(tape.Program(3, (("pair", (0, 1)), ("mul", (3, 0))), (3,)),
+    GradCase(tape.TapeProgram(3, (("pair", (0, 1)), ("mul", (3, 0))), (3,)),
              "one entry with two outputs, p, s = pair(x, w) = (x * w, x + w); only p is used: L = sum(p * x), "
              "so the entry gets [dL_dp, None]", SEVERAL_OUTPUTS_CAUSE),
-    GradCase(tape.Program(3, (("pair", (0, 1)), ("sin", (4,))), (3,)),
+    GradCase(tape.TapeProgram(3, (("pair", (0, 1)), ("sin", (4,))), (3,)),
              "one entry with two outputs, p, s = pair(x, w) = (x * w, x + w); only s is used: L = sum(sin(s)), "
              "so the entry gets [None, dL_ds]", SEVERAL_OUTPUTS_CAUSE),
-    GradCase(tape.Program(3, (("exp", (0,)), ("mul", (3, 1)), ("add", (4, 3))), (3,)),
+    GradCase(tape.TapeProgram(3, (("exp", (0,)), ("mul", (3, 1)), ("add", (4, 3))), (3,)),
              "grad(L, [x, w, unused], order=entries) with the entries of L = sum(exp(x) * w + exp(x)), newest "
              "first, and an empty tape", ORDER_CAUSE, walk="order"),
 ]
@@ -939,29 +935,29 @@ def check_grad(grad: Callable[..., list], *, programs: int = 0, seed: int | None
 # --- the graph: topological order ---------------------------------------------------------
 
 DEEP = 10_000
-DEEP_CHAIN = tape.Program(1, tuple(("neg", (k,)) for k in range(DEEP)) + (("sum", (DEEP,)),), (3,))
+DEEP_CHAIN = tape.TapeProgram(1, tuple(("neg", (k,)) for k in range(DEEP)) + (("sum", (DEEP,)),), (3,))
 
 
-def deep_ladder(rng: random.Random) -> tape.Program:
+def deep_ladder(rng: random.Random) -> tape.TapeProgram:
     """2,000 to 2,500 entries deep (twice the recursion limit in force, twenty times the nesting
     allowed, `RecursionWatch.NESTED`),
     every value used twice: v' = sin(v), then v'' = v' * v."""
     rungs = 1000 + rng.randrange(250)
     steps = tuple(step for k in range(rungs) for step in (("sin", (2 * k,)), ("mul", (2 * k + 1, 2 * k))))
-    return tape.Program(1, steps + (("sum", (2 * rungs,)),), (3,))
+    return tape.TapeProgram(1, steps + (("sum", (2 * rungs,)),), (3,))
 ORDER_CASES = [
-    (tape.Program(2, (("exp", (0,)), ("mul", (2, 1)), ("sin", (3,)), ("mul", (4, 2)), ("add", (5, 2)), ("sum", (6,))),
-                  (3,)),
+    (tape.TapeProgram(2, (("exp", (0,)), ("mul", (2, 1)), ("sin", (3,)), ("mul", (4, 2)), ("add", (5, 2)),
+                          ("sum", (6,))), (3,)),
      "y = exp(x); L = sum(sin(y * w) * y + y)"),
 ]
 
 
-def _step(program: tape.Program, k: int) -> str:
+def _step(program: tape.TapeProgram, k: int) -> str:
     op, args = program.steps[k]
     return f"`v{program.leaves + k} = {op}({', '.join(f'v{a}' for a in args)})`"
 
 
-def _judge_order(topological_order: Callable[..., Any], program: tape.Program, description: str) -> None:
+def _judge_order(topological_order: Callable[..., Any], program: tape.TapeProgram, description: str) -> None:
     __tracebackhide__ = True
     xs = [torch.rand(program.size, dtype=torch.float64) for _ in range(program.leaves)]
     transcript = probe.invoke(tape.order_transcript, topological_order, program.data, xs)
@@ -1054,7 +1050,7 @@ def check_topological_order(
         for _ in range(programs):
             program = random_program(["add", "mul", "neg", "exp", "sin"], 12, rng)
             _judge_order(topological_order,
-                         tape.Program(3, program.steps + (("sum", (2 + len(program.steps),)),), (3,)),
+                         tape.TapeProgram(3, program.steps + (("sum", (2 + len(program.steps),)),), (3,)),
                          "a random program")
         if deep and not programs:
             _judge_order(topological_order, DEEP_CHAIN, f"a chain of {DEEP:,} negations")

@@ -120,7 +120,7 @@ class Grading(WorkerPlugin):
         return self._setup()
 
     async def _setup(self) -> None:
-        self.isolation = await asyncio.to_thread(sandbox.probe, self.sandboxed, Path(self.root))
+        self.isolation = await asyncio.to_thread(sandbox.detect, self.sandboxed, Path(self.root))
         # The thread that starts the sandboxed workers lives as long as they do: they die with it.
         self.thread = threading.Thread(target=self._serve, name="autograder-pool", daemon=True)
         self.thread.start()

@@ -23,7 +23,7 @@ from traitlets.config import Config
 from ..checks import inputs
 from ..isolation.limits import Limits
 from ..student.probe import first_line
-from . import discover, feedback, nbgrader_adapter, progress, report, results, secret, untrusted
+from . import class_report, discover, feedback, nbgrader_adapter, progress, results, secret, untrusted
 from .pool import Workers
 from .preflight import FAILED, GradingError
 from .prepare import Prepared, Preparer, Rejected
@@ -36,15 +36,16 @@ GRADES_CSV = "grades.csv"  # nbgrader export's default name
 LMS_CSV = "grades-lms.csv"  # one row per student, one column per assignment: Canvas's and Moodle's import
 
 
-def grade(options: Options, config: Config, pool: Workers, console: Console) -> tuple[list[report.Outcome],
-                                                                                   list[discover.Submission]]:
+Graded = tuple[list[class_report.Outcome], list[discover.Submission]]  # (outcomes, submissions skipped as done)
+
+
+def grade_submissions(options: Options, config: Config, pool: Workers, console: Console) -> Graded:
     """Grade what `options` asks for with `pool`'s workers; (outcomes, submissions skipped as done)."""
     with nbgrader_adapter.applied():
-        return _grade(options, config, pool, console)
+        return _grade_submissions(options, config, pool, console)
 
 
-def _grade(options: Options, config: Config, pool: Workers, console: Console) -> tuple[list[report.Outcome],
-                                                                                    list[discover.Submission]]:
+def _grade_submissions(options: Options, config: Config, pool: Workers, console: Console) -> Graded:
     coursedir = CourseDirectory(config=config)
     submissions = discover.find(coursedir, options.assignments, options.students)
     if not submissions:
@@ -56,7 +57,7 @@ def _grade(options: Options, config: Config, pool: Workers, console: Console) ->
     key = _secret(options.root, console)
     skipped = [s for s in submissions if not options.force and discover.is_done(coursedir, s)]
     todo = [s for s in submissions if s not in skipped]
-    outcomes: list[report.Outcome] = []
+    outcomes: list[class_report.Outcome] = []
     if todo:
         released = Path(coursedir.format_path(coursedir.release_directory, ".", "."))
         with closing(Preparer(coursedir.db_url, coursedir.course_id, config, released)) as preparer, \
@@ -70,7 +71,7 @@ def _grade(options: Options, config: Config, pool: Workers, console: Console) ->
     progress.phase("writing grades.csv, grades-lms.csv and the plots ...")
     graded = sorted({o.submission.assignment for o in outcomes})
     for assignment in graded:
-        report.write_status(
+        class_report.write_status(
             [o for o in outcomes if o.submission.assignment == assignment],
             options.root / REPORTS / assignment / "last-run.csv",
         )
@@ -121,13 +122,13 @@ def _secret(root: Path, console: Console) -> bytes:
 
 
 def _grade_all(todo: list[discover.Submission], known: dict[str, set[str]], pool: Workers, preparer: Preparer,
-               writer: Writer, console: Console, limits: Limits, course_key: bytes) -> list[report.Outcome]:
+               writer: Writer, console: Console, limits: Limits, course_key: bytes) -> list[class_report.Outcome]:
     """Prepare, run and save, interleaved: this thread prepares and saves in turn, while the
     pool's threads run and judge."""
     waiting = iter(todo)
     running: dict[str, tuple[discover.Submission, list[Any]]] = {}  # key -> (submission, [NotebookResult | Prepared])
     spent: dict[str, float] = {}  # key -> CPU seconds preparing it
-    outcomes: list[report.Outcome] = []
+    outcomes: list[class_report.Outcome] = []
     limit = 2 * limits.timeout * max(len(known[s.assignment]) for s in todo)  # its notebooks, and judging them
     with progress.Tracker(console, len(todo), pool.size, limit, pool.running) as tracker:
         while True:
@@ -188,7 +189,7 @@ def _prepare(submission: discover.Submission, known: set[str], preparer: Prepare
             continue
         try:
             data = submission.read(filename)
-        except untrusted.Refused as refused:
+        except untrusted.UnreadableFile as refused:
             items.append(results.rejected(name, f"not graded: {refused}"))
             continue
         try:
@@ -229,11 +230,11 @@ def _save(writer: Writer, submission: discover.Submission, notebook_results: lis
         return refused
 
 
-def _outcome(submission: discover.Submission, notebook_results: list[results.NotebookResult]) -> report.Outcome:
+def _outcome(submission: discover.Submission, notebook_results: list[results.NotebookResult]) -> class_report.Outcome:
     problems = [f"{r.name}: {p}" for r in notebook_results for p in r.problems]
     failed = any(r.nb is None or (r.run and r.run.failure) for r in notebook_results)
     runs = [r.run for r in notebook_results if r.run]
-    return report.Outcome(
+    return class_report.Outcome(
         submission, "failed" if failed else "flagged" if problems else "graded", problems,
         sum(r.seconds for r in runs), sum(r.code_seconds for r in runs), sum(r.code_cpu for r in runs),
         sum(r.judge_cpu + r.probe_cpu for r in runs), sum(max(r.cpu - r.code_cpu - r.probe_cpu, 0.0) for r in runs),
@@ -246,9 +247,9 @@ def _export(coursedir: CourseDirectory, config: Config, assignments: set[str]) -
     root = Path(coursedir.root)
     with Gradebook(coursedir.db_url, coursedir.course_id) as gb:
         CsvExportPlugin(config=config, to=str(root / GRADES_CSV)).export(gb)
-        report.write_lms(gb, root / LMS_CSV)
+        class_report.write_lms(gb, root / LMS_CSV)
     for assignment in sorted(assignments):
         source = Path(coursedir.format_path(coursedir.source_directory, ".", assignment))
-        failed = report.read_failed(root / REPORTS / assignment / "last-run.csv")
-        report.plot(coursedir.db_url, coursedir.course_id, assignment, source,
+        failed = class_report.read_failed(root / REPORTS / assignment / "last-run.csv")
+        class_report.plot(coursedir.db_url, coursedir.course_id, assignment, source,
                     root / REPORTS / assignment / "grades.png", failed)

@@ -52,7 +52,7 @@ class Submission:
         return Path(self.root) / self.student / self.assignment
 
     def read(self, relative: str, limit: int = NOTEBOOK_BYTES) -> bytes:
-        """A file of the submission (raises untrusted.Refused)."""
+        """A file of the submission (raises untrusted.UnreadableFile)."""
         return untrusted.read(self.root, f"{self.student}/{self.assignment}/{relative}", limit)
 
     def files(self, ignore: list[str]) -> dict[str, bytes]:
@@ -64,7 +64,7 @@ class Submission:
         for relative in self.extra:
             try:
                 data = self.read(relative, FILE_BYTES)
-            except untrusted.Refused as refused:
+            except untrusted.UnreadableFile as refused:
                 self.refused.append((relative, str(refused)))
                 continue
             total += len(data)
@@ -97,7 +97,7 @@ def find(coursedir: CourseDirectory, assignments: list[str], only: list[str]) ->
             with untrusted.folder(root, (student,)) as fd:
                 handed_in = sorted(e.name for e in os.scandir(fd) if (not assignments or e.name in assignments)
                                    and (e.is_dir(follow_symlinks=False) or e.is_symlink()))
-        except untrusted.Refused as refused:
+        except untrusted.UnreadableFile as refused:
             handed_in = assignments or []
             reason = f"the student's folder {refused}"
         except FileNotFoundError:
@@ -116,7 +116,7 @@ def _submission(coursedir: CourseDirectory, root: str, student: str, assignment:
         return submission
     try:
         files, refused = untrusted.listing(root, (student, assignment))
-    except untrusted.Refused as error:
+    except untrusted.UnreadableFile as error:
         submission.unusable = f"the assignment's folder {error}"
         return submission
     pattern = f"{coursedir.notebook_id}.ipynb"
@@ -138,7 +138,7 @@ def _timestamp(submission: Submission) -> datetime | None:
     try:
         text = submission.read(TIMESTAMP, 1024).decode("utf-8", "replace").strip()
         return parse_utc(text) if text else None
-    except (untrusted.Refused, ValueError):
+    except (untrusted.UnreadableFile, ValueError):
         submission.refused.append((TIMESTAMP, f"'{TIMESTAMP}' is not a time nbgrader can read"))
         return None
 

@@ -30,13 +30,13 @@ if TYPE_CHECKING:
 
 @dataclass
 class Summary:
-    outcomes: list[Any]  # report.Outcome, one per submission graded
+    outcomes: list[Any]  # class_report.Outcome, one per submission graded
     skipped: list[Any]  # discover.Submission, graded before
     seconds: float
     isolation: sandbox.Isolation | ClusterIsolation
 
 
-def grade(options: Options, console: Console | None = None, scheduler: str | None = None) -> Summary:
+def run(options: Options, console: Console | None = None, scheduler: str | None = None) -> Summary:
     """Raises GradingError (its message is one line for the instructor). `scheduler`: the
     address of a Dask scheduler whose workers run the notebooks (see cluster.py)."""
     console = console or Console(file=sys.stderr)  # fixed: judges capture sys.stderr while they run
@@ -46,7 +46,7 @@ def grade(options: Options, console: Console | None = None, scheduler: str | Non
     try:
         database = preflight.DatabaseLock.take(config)  # a gradebook on a server: one grader there too
         try:
-            return _grade(options, config, console, started, scheduler)
+            return _run(options, config, console, started, scheduler)
         finally:
             if database is not None:
                 database.release()
@@ -54,7 +54,7 @@ def grade(options: Options, console: Console | None = None, scheduler: str | Non
         lock.release()
 
 
-def _grade(options: Options, config: Config, console: Console, started: float, scheduler: str | None) -> Summary:
+def _run(options: Options, config: Config, console: Console, started: float, scheduler: str | None) -> Summary:
     # nbgrader runs `alembic` by name to set up a gradebook: the environment's own scripts first
     os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
     # jsonschema (under nbformat) imports the optional rfc3987_syntax where it is installed
@@ -75,7 +75,7 @@ def _grade(options: Options, config: Config, console: Console, started: float, s
             pool = cluster = ClusterPool(scheduler, options, console)
         else:
             display.phase("probing the sandbox ...")
-            isolation = sandbox.probe(options.sandbox, options.root)
+            isolation = sandbox.detect(options.sandbox, options.root)
             for warning in isolation.warnings():
                 console.print(f"[bold red]WARNING[/] {warning}")
             if _feedback_only(options, config):
@@ -84,11 +84,11 @@ def _grade(options: Options, config: Config, console: Console, started: float, s
                 display.phase(f"starting {options.jobs} worker{'s' * (options.jobs != 1)}, loading nbgrader ...")
                 pool = Pool(options.jobs, isolation, options.root, options.limits)
         with pool:
-            from . import course, report  # nbgrader and nbconvert load while the workers warm up
+            from . import class_report, course  # nbgrader and nbconvert load while the workers warm up
 
             try:
                 # (NoWorkers only when everything is graded already: it is never asked to run anything)
-                outcomes, skipped = course.grade(options, config, pool, console)  # type: ignore[arg-type]
+                outcomes, skipped = course.grade_submissions(options, config, pool, console)  # type: ignore[arg-type]
             except OperationalError as error:
                 raise GradingError(f"the gradebook could not be used ({str(error).strip().splitlines()[0][:200]}): "
                                    "if formgrader or another program is writing to it, wait and run again",
@@ -96,9 +96,9 @@ def _grade(options: Options, config: Config, console: Console, started: float, s
     if scheduler is not None:
         isolation = cluster.isolation
     summary = Summary(outcomes, skipped, time.monotonic() - started, isolation)
-    console.print(report.summary(outcomes, skipped, summary.seconds, isolation.summary()))
+    console.print(class_report.summary(outcomes, skipped, summary.seconds, isolation.summary()))
     if any(o.problems for o in outcomes):
-        console.print(report.problems(outcomes))
+        console.print(class_report.problems(outcomes))
     for warning in isolation.warnings():
         console.print(f"[bold red]WARNING[/] {warning}")
     return summary

@@ -4,7 +4,7 @@ nbgrader's Gradebook commits after every change, and its writing preprocessors
 (SaveAutoGrades, AssignLatePenalties) each open a Gradebook of their own. Inside
 `transaction`, the Gradebook's session joins one database transaction (SQLAlchemy's
 "rollback_only" join mode: its commits only flush), and those preprocessors are lent
-that Gradebook instead of opening another (`nbgrader_adapter.lent`) (`Submission`,
+that Gradebook instead of opening another (`nbgrader_adapter.lent`) (`SubmissionGradebook`,
 which looks rows up in bulk). Either all of a submission's rows are written or none
 are: a grader killed mid-way leaves no partial records. One Gradebook serves a whole
 run (`Released` also for nbgrader's sanitizing preprocessors).
@@ -68,7 +68,7 @@ class Released(_Lent):
         return memoized
 
 
-class Submission(_Lent):
+class SubmissionGradebook(_Lent):
     """The Gradebook of one submission's transaction. A notebook's grades and comments, which
     nbgrader's SaveAutoGrades looks up one by one (a query joining seven tables each), are
     loaded with one query each; the assignment's notebooks and cells, which nbgrader's
@@ -109,9 +109,9 @@ def lent(gradebook: Gradebook | _Lent, modules: tuple[Any, ...]) -> contextlib.A
 
 
 @contextlib.contextmanager
-def transaction(gradebook: Gradebook) -> Iterator[Submission]:
+def transaction(gradebook: Gradebook) -> Iterator[SubmissionGradebook]:
     """`gradebook`, whose every write in the block is committed at its end, or not at all
-    (as a `Submission`: for the writes of one submission)."""
+    (as a `SubmissionGradebook`: for the writes of one submission)."""
     with gradebook.engine.connect() as connection:
         outer = connection.begin()
         default, gradebook.db = gradebook.db, scoped_session(
@@ -121,7 +121,7 @@ def transaction(gradebook: Gradebook) -> Iterator[Submission]:
             sessionmaker(bind=connection, autoflush=True, join_transaction_mode="rollback_only", expire_on_commit=False)
         )
         try:
-            lender = Submission(gradebook)
+            lender = SubmissionGradebook(gradebook)
             with lent(lender, _WRITING_MODULES):
                 yield lender
             gradebook.db.flush()

@@ -91,7 +91,7 @@ def _notebook_of(coursedir: CourseDirectory, assignment: str, grade_id: str) -> 
 
 
 def _run(options: Options, program: Program) -> Run:
-    with Pool(1, sandbox.probe(options.sandbox, options.root), options.root, options.limits) as pool:
+    with Pool(1, sandbox.detect(options.sandbox, options.root), options.root, options.limits) as pool:
         pool.submit("replay", [program])
         _, (run,) = pool.result()
     return run

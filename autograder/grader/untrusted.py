@@ -19,7 +19,7 @@ from typing import Iterator
 FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-class Refused(Exception):
+class UnreadableFile(Exception):
     """Not a regular file within its limit; the message says what it is instead."""
 
 
@@ -47,7 +47,7 @@ def folder(root: str, parts: tuple[str, ...]) -> Iterator[int]:
                 inner = os.open(part, FLAGS | os.O_DIRECTORY, dir_fd=fd)
             except OSError as error:
                 mode = os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode
-                raise Refused(f"'{part}' is {_kind(mode)}, not a folder") from error
+                raise UnreadableFile(f"'{part}' is {_kind(mode)}, not a folder") from error
             os.close(fd)
             fd = inner
         yield fd
@@ -57,7 +57,7 @@ def folder(root: str, parts: tuple[str, ...]) -> Iterator[int]:
 
 def read(root: str, path: str, limit: int) -> bytes:
     """The bytes of root/path (path relative, '/'-separated), a regular file of at most
-    `limit` bytes; raises Refused otherwise."""
+    `limit` bytes; raises UnreadableFile otherwise."""
     *parents, name = PurePosixPath(path).parts
     with folder(root, tuple(parents)) as parent:
         try:
@@ -66,17 +66,17 @@ def read(root: str, path: str, limit: int) -> bytes:
             try:
                 mode = os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode
             except OSError:
-                raise Refused(f"'{path}' cannot be read ({error.strerror})") from None
-            raise Refused(f"'{path}' is {_kind(mode)}") from None
+                raise UnreadableFile(f"'{path}' cannot be read ({error.strerror})") from None
+            raise UnreadableFile(f"'{path}' is {_kind(mode)}") from None
     with os.fdopen(fd, "rb") as f:
         info = os.fstat(f.fileno())
         if not stat.S_ISREG(info.st_mode):
-            raise Refused(f"'{path}' is {_kind(info.st_mode)}")
+            raise UnreadableFile(f"'{path}' is {_kind(info.st_mode)}")
         if info.st_size > limit:
-            raise Refused(f"'{path}' is larger than {limit >> 20} MiB")
+            raise UnreadableFile(f"'{path}' is larger than {limit >> 20} MiB")
         data = f.read(limit + 1)
     if len(data) > limit:
-        raise Refused(f"'{path}' is larger than {limit >> 20} MiB")
+        raise UnreadableFile(f"'{path}' is larger than {limit >> 20} MiB")
     return data
 
 

@@ -185,7 +185,7 @@ def bubblewrap_arguments(bwrap: str, readable: list[str], gpu: bool = False) -> 
 TRIALS = 3
 
 
-def probe(use_sandbox: bool = True, course_root: Path = Path.cwd()) -> Isolation:
+def detect(use_sandbox: bool = True, course_root: Path = Path.cwd()) -> Isolation:
     """What this machine offers; a GPU that the grader's torch can use goes to the notebooks
     too (the checks send them CUDA tensors)."""
     abi = landlock.abi()

@@ -56,7 +56,9 @@ class ProbeError:
 
 
 @dataclass
-class Probe:
+class Observed:
+    """What one run of a student's Function gave (`run`): outputs, gradients, what it changed."""
+
     outputs: list[torch.Tensor] = field(default_factory=list)
     # grads[k][i]: gradient of <outputs, grad_outputs[k]> with respect to tensor input i.
     grads: list[list[torch.Tensor | None]] = field(default_factory=list)
@@ -74,9 +76,9 @@ class Probe:
     unwatched: str | None = None
 
     @staticmethod
-    def from_data(data: Any) -> "Probe":
+    def from_data(data: Any) -> "Observed":
         try:
-            return Probe(
+            return Observed(
                 outputs=_tensors(data["outputs"]),
                 grads=[_tensors(g, optional=True) for g in data["grads"]],
                 grads2=None if data["grads2"] is None else _tensors(data["grads2"], optional=True),
@@ -266,7 +268,7 @@ def run(
     grad_grads: Sequence[torch.Tensor] | None = None,
     layouts: Sequence[str] | None = None,
     watch: bool = False,
-) -> Probe:
+) -> Observed:
     """Call `fn(*args)`, then backward once per set of grad_outputs, then double backward.
 
     Floating-point tensor arguments are differentiated (they must require grad);
@@ -277,8 +279,8 @@ def run(
     tensors of set k out in memory as autograd may hand them to a backward: "plain",
     "strided" (not contiguous) or "expanded" (one value in memory, seen at every position:
     as `y.sum().backward()` gives; only for sets whose tensors are constant). Backward
-    must work with each, and leave them unchanged (`Probe.modified_grad_outputs`). With
-    `watch`, a Function is watched for asking autograd (`Probe.asked_autograd`).
+    must work with each, and leave them unchanged (`Observed.modified_grad_outputs`). With
+    `watch`, a Function is watched for asking autograd (`Observed.asked_autograd`).
     """
     return run_many(fn, [Run(args, grad_outputs, grad_grads, layouts, watch)])[0]
 
@@ -299,13 +301,13 @@ class Run:
                 None if self.layouts is None else list(self.layouts), self.watch]
 
 
-def run_many(fn: Any, runs: Sequence[Run]) -> list[Probe]:
+def run_many(fn: Any, runs: Sequence[Run]) -> list[Observed]:
     """`run` for each of `runs`, in one request to the student's process (each request has
     a fixed cost: checks ask for all they can at once)."""
     found = invoke(_run_many, fn, [r.plain() for r in runs])
     if not isinstance(found, list) or len(found) != len(runs):
         raise Malformed("malformed runs")
-    return [Probe.from_data(d) for d in found]
+    return [Observed.from_data(d) for d in found]
 
 
 @procedure
@@ -347,7 +349,7 @@ def _run(fn: Any, args: tuple[Any, ...], grad_outputs: list[Any], grad_grads: li
 def _probed(fn: Any, args: tuple[Any, ...], grad_outputs: list[Any], grad_grads: list[Any] | None,
             layouts: list[Any] | None) -> dict[str, Any]:
     call = as_callable(fn)
-    probe = Probe()
+    probe = Observed()
     wrt = [a for a in args if differentiable(a) and a.requires_grad]
     stage = "forward"
     before = {i: a.detach().clone() for i, a in enumerate(args) if isinstance(a, torch.Tensor)}

@@ -65,7 +65,7 @@ NOTEBOOK_OPS = ("neg", "add", "mul", "sum", "expand", "t", "exp", "sin", "cos", 
 # --- programs: what a check asks the student's code to compute -----------------------------
 
 @dataclass(frozen=True)
-class Program:
+class TapeProgram:
     """Straight-line code over a pool of values: `leaves` inputs, then one value per step.
 
     A step (op, args) applies an operation to pool indices. The loss is `loss` if given,
@@ -85,10 +85,10 @@ class Program:
         return (self.leaves, steps, list(self.size), self.loss)
 
     @staticmethod
-    def from_data(data: Any) -> "Program":
+    def from_data(data: Any) -> "TapeProgram":
         leaves, steps, size, loss = data
         parsed = (step.split(" ") for step in steps.split(";")) if steps else ()
-        return Program(int(leaves), tuple((op, tuple(map(int, args))) for op, *args in parsed),
+        return TapeProgram(int(leaves), tuple((op, tuple(map(int, args))) for op, *args in parsed),
                        tuple(map(int, size)), None if loss is None else int(loss))
 
     def listing(self) -> str:
@@ -103,7 +103,7 @@ class Program:
         return [[a - self.leaves for a in args if a >= self.leaves] for _, args in self.steps]
 
 
-def run_program(program: Program, leaves: list[Any], ops: dict[str, Callable[..., Any]]) -> list[Any]:
+def run_program(program: TapeProgram, leaves: list[Any], ops: dict[str, Callable[..., Any]]) -> list[Any]:
     """The pool of values: the leaves, then each step's outputs (one, or all of a tuple)."""
     pool = list(leaves)
     for op, args in program.steps:
@@ -116,7 +116,7 @@ def run_program(program: Program, leaves: list[Any], ops: dict[str, Callable[...
     return pool
 
 
-def loss_of(program: Program, pool: list[Any], total: Callable[[Any], Any]) -> Any:
+def loss_of(program: TapeProgram, pool: list[Any], total: Callable[[Any], Any]) -> Any:
     return pool[program.loss] if program.loss is not None else total(pool[-1])
 
 
@@ -440,7 +440,7 @@ def program_transcript(grad: Callable[..., Any], keep: list[Any], program: tuple
     except TapeMissing as missing:
         out["error"] = _error("setup", missing)
         return out
-    prog = Program.from_data(program)
+    prog = TapeProgram.from_data(program)
     with tape.isolated(keep):
         ops = tape.ops()
         stage = "forward"
@@ -479,7 +479,7 @@ def order_transcript(topological_order: Callable[..., Any], program: tuple[Any, 
         tape = Tape(topological_order)
     except TapeMissing as missing:
         return {"error": _error("setup", missing), "order": None}
-    prog = Program.from_data(program)
+    prog = TapeProgram.from_data(program)
     with tape.isolated():
         ops = tape.ops()
         with _collector_paused():  # 10,000 entries, each in a reference cycle with its output
