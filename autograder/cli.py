@@ -153,8 +153,8 @@ def exercise(
     (and where they are written), its known answers and the command that runs its tests."""
     from . import registry
 
-    if grade_id not in registry.exercises():
-        close = [g for g in registry.exercises() if grade_id in g]
+    if not registry.named(grade_id):
+        close = list(dict.fromkeys(e.grade_id for e in registry.exercises() if grade_id in e.grade_id))
         typer.echo(f"error: no exercise {grade_id!r}" + (f" (did you mean {', '.join(close)}?)" if close else ""),
                    err=True)
         raise typer.Exit(2)

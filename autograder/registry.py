@@ -47,9 +47,10 @@ class Exercise:
 
 
 @functools.cache
-def exercises(root: Path = authoring.ROOT) -> dict[str, Exercise]:
-    """{answer grade_id: Exercise} of every notebook in solutions/, in course order."""
-    found: dict[str, Exercise] = {}
+def exercises(root: Path = authoring.ROOT) -> tuple[Exercise, ...]:
+    """Every exercise of every notebook in solutions/, in course order. (A grade_id is unique
+    within its notebook only: 02 and 07 both have an `hvp`.)"""
+    found: dict[tuple[str, str], Exercise] = {}
     for slug in authoring.assignments(root):
         nb = nbformat.read(authoring.solution_path(slug, root), as_version=4)
         imported = _imported_names(nb)
@@ -60,15 +61,20 @@ def exercises(root: Path = authoring.ROOT) -> dict[str, Exercise]:
                 heading = cell.source.splitlines()[0].removeprefix("## ").strip()
             elif meta.get("solution") and cell.cell_type == "code":
                 current = Exercise(meta["grade_id"], slug, heading, index, (), ())
-                found[current.grade_id] = current
+                found[slug, current.grade_id] = current
             elif meta.get("grade") and current is not None:
                 hidden = "### BEGIN HIDDEN TESTS" in cell.source
                 checks = tuple(c for c in _checks(cell.source, imported) if c not in current.checks)
-                current = found[current.grade_id] = Exercise(
+                current = found[slug, current.grade_id] = Exercise(
                     current.grade_id, slug, current.heading, current.index,
                     (*current.graded, GradedCell(meta["grade_id"], index, meta.get("points", 0), hidden)),
                     (*current.checks, *checks))
-    return found
+    return tuple(found.values())
+
+
+def named(grade_id: str, root: Path = authoring.ROOT) -> list[Exercise]:
+    """The exercises whose answer cell has this grade_id (one, or one per notebook)."""
+    return [e for e in exercises(root) if e.grade_id == grade_id]
 
 
 def _imported_names(nb: nbformat.NotebookNode) -> dict[str, str]:
@@ -111,7 +117,7 @@ def _check(qualified: str) -> Check:
     return Check(qualified, where, specs)
 
 
-def known_answers(grade_id: str, root: Path = authoring.ROOT) -> tuple[list[Any], list[Any]] | None:
+def known_answers(exercise: Exercise, root: Path = authoring.ROOT) -> tuple[list[Any], list[Any]] | None:
     """(wrong, right) known answers of an exercise from tests/answers, or None where this
     checkout has no tests (a published edition)."""
     if not (root / "tests" / "answers").is_dir():
@@ -120,14 +126,18 @@ def known_answers(grade_id: str, root: Path = authoring.ROOT) -> tuple[list[Any]
         sys.path.insert(0, str(root / "tests"))
     from answers import for_notebook  # type: ignore[import-not-found]  # the repository's tests/
 
-    module = for_notebook(exercises(root)[grade_id].slug)
-    return ([a for a in module.MUTANTS if a.exercise == grade_id],
-            [a for a in module.VARIANTS if a.exercise == grade_id])
+    module = for_notebook(exercise.slug)
+    return ([a for a in module.MUTANTS if a.exercise == exercise.grade_id],
+            [a for a in module.VARIANTS if a.exercise == exercise.grade_id])
 
 
 def describe(grade_id: str, root: Path = authoring.ROOT) -> str:
-    """What `autograder exercise GRADE_ID` prints."""
-    exercise = exercises(root)[grade_id]
+    """What `autograder exercise GRADE_ID` prints (for each notebook with such an exercise)."""
+    return "\n\n".join(_described(exercise, root) for exercise in named(grade_id, root))
+
+
+def _described(exercise: Exercise, root: Path) -> str:
+    grade_id = exercise.grade_id
     lines = [f"{exercise.heading}  [{grade_id}]",
              f"notebook   solutions/{exercise.slug}/{exercise.slug}.ipynb, answer cell {exercise.index}"]
     for cell in exercise.graded:
@@ -136,12 +146,13 @@ def describe(grade_id: str, root: Path = authoring.ROOT) -> str:
     for check in exercise.checks:
         specs = f" (specs: {', '.join(check.specs)})" if check.specs else ""
         lines.append(f"check      {check.name}  {check.where}{specs}")
-    answers = known_answers(grade_id, root)
+    answers = known_answers(exercise, root)
     if answers is not None:
         wrong, right = answers
         module = exercise.slug.split("_", 1)[1]
         lines.append(f"answers    tests/answers/{module}.py (and devices.py): {len(wrong)} wrong, "
                      f"{len(right)} unusual right")
         lines += [f"  wrong    {a.label}" for a in wrong] + [f"  right    {a.label}" for a in right]
-        lines.append(f"tests      .venv/bin/python -m pytest -m {grade_id}")
+        lines.append(f"tests      .venv/bin/python -m pytest -m {grade_id}"
+                     + (f" -k {exercise.slug}" if len(named(grade_id, root)) > 1 else ""))
     return "\n".join(lines)

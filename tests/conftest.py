@@ -27,8 +27,8 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     """Every exercise's grade_id is a marker: `pytest -m conv2d` runs the tests of 04's Conv2d."""
-    for grade_id, exercise in registry.exercises().items():
-        config.addinivalue_line("markers", f"{grade_id}: the tests of {exercise.heading}")
+    for exercise in registry.exercises():
+        config.addinivalue_line("markers", f"{exercise.grade_id}: the tests of {exercise.heading} ({exercise.slug})")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the groups
@@ -58,7 +58,7 @@ def _exercises_by_label() -> dict[str, set[str]]:
 
 def _exercises_named(test: str) -> set[str]:
     """The exercises a test's name names (test_conv2d_right: conv2d)."""
-    return {grade_id for grade_id in registry.exercises() if f"_{grade_id}_" in f"_{test}_"}
+    return {e.grade_id for e in registry.exercises() if f"_{e.grade_id}_" in f"_{test}_"}
 
 
 def _exercises_of(params: dict, labels: dict[str, set[str]]) -> set[str]:
@@ -69,7 +69,7 @@ def _exercises_of(params: dict, labels: dict[str, set[str]]) -> set[str]:
             found.add(value.exercise)
         elif isinstance(value, str) and name == "label":
             found |= labels.get(value, set())
-        elif isinstance(value, str) and value in registry.exercises():
+        elif isinstance(value, str) and registry.named(value):
             found.add(value)
     return found
 
