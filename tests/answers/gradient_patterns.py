@@ -4,6 +4,8 @@ from . import right, wrong
 _UNSQUEEZE = "        if not ctx.keepdim:\n            grad_output = grad_output.unsqueeze(ctx.dim)\n"
 
 MUTANTS = [
+    wrong("gelu", "computes in float64 for accuracy (a float32 input gives a float64 output)",
+          ("return x * normal_cdf(x)", "return x.double() * normal_cdf(x.double())")),
     # 4.1 GELU
     wrong("gelu", "forgets the x·φ(x) term of the product rule",
           ("return grad_output * (normal_cdf(x) + x * normal_pdf(x))", "return grad_output * normal_cdf(x)")),

@@ -3,6 +3,8 @@ from . import right, wrong
 
 MUTANTS = [
     # Swish
+    wrong("swish", "keeps the sigmoid in float64 (a float32 input gives a float64 output)",
+          ("return x * torch.sigmoid(beta * x)", "return x * torch.sigmoid(beta * x).double()")),
     wrong("swish", "the guide's: saves σ(βx), save_for_backward twice, β's gradient reduced with .sum()", source='''
 class Swish(torch.autograd.Function):
     @staticmethod

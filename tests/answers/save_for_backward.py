@@ -2,6 +2,8 @@
 from . import right, wrong
 
 MUTANTS = [
+    wrong("sigmoid", "takes the sigmoid in float64 (a float32 input gives a float64 output)",
+          ("y = torch.sigmoid(x)", "y = torch.sigmoid(x.double())")),
     # saved_by
     wrong("saved_by", "compares data_ptr(), where a view starts, not the storage",
           ("return t.untyped_storage().data_ptr()", "return t.data_ptr()")),
