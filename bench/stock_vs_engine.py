@@ -30,7 +30,9 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
+import nbformat
 import psutil
 
 from publish import publish  # noqa: E402  (bench/ is the script's own folder)
@@ -65,9 +67,12 @@ class EngineRun:
     # student -> (s fork to exit, s in cells, CPU s in cells, CPU s in checks)
     code: dict[str, tuple[float, float, float, float]]
     graded_at: dict[str, float]  # student -> when the engine saved it
+    started: float  # when the command started (time.time())
+    judged: dict[tuple[str, str], Any]  # (student, grade_id) -> (score, the test cell's outputs)
 
 
 def _engine_run(command: list[str], root: Path) -> EngineRun:
+    started = time.time()
     measured_run = measured(command, root)
     code, graded_at = {}, {}
     for status in (root / "reports").glob("*/last-run.csv"):
@@ -76,7 +81,22 @@ def _engine_run(command: list[str], root: Path) -> EngineRun:
                 code[row["student"]] = (float(row["seconds"]), float(row["code_seconds"]), float(row["code_cpu"]),
                                         float(row["checks_cpu"]))
                 graded_at[row["student"]] = datetime.fromisoformat(row["graded_at"]).timestamp()
-    return EngineRun(measured_run, code, graded_at)
+    return EngineRun(measured_run, code, graded_at, started, _judged(root))
+
+
+def _judged(root: Path) -> dict[tuple[str, str], Any]:
+    """Every graded cell's score and outputs, as the gradebook and autograded/ hold them."""
+    found: dict[tuple[str, str], Any] = {}
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
+        for a in gb.assignments:
+            for sub in a.submissions:
+                for nb in sub.notebooks:
+                    path = root / "autograded" / sub.student.id / a.name / f"{nb.name}.ipynb"
+                    cells = {c.metadata.get("nbgrader", {}).get("grade_id"): c.get("outputs")
+                             for c in nbformat.read(path, as_version=4).cells} if path.exists() else {}
+                    for g in nb.grades:
+                        found[sub.student.id, g.name] = (g.auto_score, cells.get(g.name))
+    return found
 
 
 def _loop_in_first_function(source: str) -> str | None:
@@ -318,6 +338,14 @@ def main() -> None:
         f"- Honest scores identical: {same}/{len(compared)} graded cells "
         f"({len({k[0] for k in compared})} submissions; os._exit and hangs excluded)"
         + (f"; differing: {', '.join(differing)}" if differing else "") + ".",
+        "- A regrade (`--force`) repeats every score and every test cell's outputs: "
+        + ("yes" if ours["before stock"].judged == ours["after stock"].judged else "NO, "
+           + ", ".join(sorted({k[0] for k, v in ours["before stock"].judged.items()
+                               if ours["after stock"].judged.get(k) != v})[:10]))
+        + f" ({len(ours['before stock'].judged)} graded cells).",
+        "- The first notebook saved: " + ", ".join(
+            f"{min(run.graded_at.values()) - run.started:.1f} s after the command started ({when})"
+            for when, run in ours.items() if run.graded_at) + ".",
         f"- Load average after: {os.getloadavg()[0]:.1f}.",
     ]
     publish("\n".join(lines), "grading")
