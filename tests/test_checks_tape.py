@@ -282,7 +282,7 @@ def test_a_question_when_no_check_runs_has_nobody_to_ask():
 def test_too_many_questions_are_refused():
     with checks.answering({"mul"}) as answers:
         answers.asked = checks.MAX_QUESTIONS
-        with pytest.raises(checks.Refused, match="too many"):
+        with pytest.raises(probe.Refused, match="too many"):
             probe.ask(_question())
 
 
