@@ -262,8 +262,8 @@ def main() -> None:
     course = Course(work / "course", slugs)
     kinds, assignment = {}, {}
     for slug in slugs:
-        for student, (kind, answers) in submissions(slug, args.students,
-                                                    None if args.all_known else args.known).items():
+        for student, (kind, answers) in submissions(slug, args.students, None if args.all_known else args.known,
+                                                    args.honest).items():
             course.submit(student, slug, answers)
             kinds[student], assignment[student] = kind, slug
     honest = [s for s, k in kinds.items() if k not in HANGS]
