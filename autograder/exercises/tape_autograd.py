@@ -1,4 +1,5 @@
-"""Checks for notebooks 01_tape_autograd and 02_higher_order_and_fusion.
+"""Checks for notebook 01_tape_autograd, and the tape machinery that 02's checks
+(`exercises/higher_order_and_fusion.py`) use too.
 
 The notebooks define the tape themselves (`Variable`, `TapeEntry`, `gradient_tape`,
 `record`, and one `operator_<op>` function per operation). Each check has two halves:
