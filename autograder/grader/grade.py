@@ -25,13 +25,15 @@ from .records import Options
 if TYPE_CHECKING:
     from traitlets.config import Config
 
+    from .class_report import Outcome
     from .cluster import ClusterIsolation
+    from .discover import Submission
 
 
 @dataclass
 class Summary:
-    outcomes: list[Any]  # class_report.Outcome, one per submission graded
-    skipped: list[Any]  # discover.Submission, graded before
+    outcomes: list[Outcome]  # one per submission graded (imported late: nbgrader loads while workers warm)
+    skipped: list[Submission]  # graded before
     seconds: float
     isolation: sandbox.Isolation | ClusterIsolation
 
