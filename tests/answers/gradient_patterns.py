@@ -216,6 +216,35 @@ class Max(torch.autograd.Function):
            "                      if ctx.needs_input_grad[1] else None)")),
 ]
 
+# Conv2d's gradients with conv_transpose2d and an output_padding computed per axis: an unusual
+# right answer, and the base of the wrong ones that use one axis's parameter for both.
+_CONV_TRANSPOSED = '''
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+class Conv2d(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input, weight, bias=None, stride=1, padding=0):
+        ctx.save_for_backward(input, weight)
+        ctx.stride, ctx.padding = _pair(stride), _pair(padding)
+        return F.conv2d(input, weight, bias, stride, padding)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        input, weight = ctx.saved_tensors
+        sizes = zip(input.shape[-2:], grad_output.shape[-2:], weight.shape[-2:], ctx.stride, ctx.padding)
+        output_padding = tuple(n - ((o - 1) * s - 2 * p + k) for n, o, k, s, p in sizes)
+        grad_input = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_input = F.conv_transpose2d(grad_output, weight, None, ctx.stride, ctx.padding, output_padding)
+        if ctx.needs_input_grad[1]:
+            grad_weight = torch.nn.grad.conv2d_weight(input, weight.shape, grad_output, ctx.stride, ctx.padding)
+        if ctx.needs_input_grad[2]:
+            grad_bias = grad_output.sum((0, 2, 3))
+        return grad_input, grad_weight, grad_bias, None, None
+'''
+
 VARIANTS = [
     right("gelu", "torch.special.ndtr and the density in backward, needs_input_grad", source='''
 class GELU(torch.autograd.Function):
@@ -308,57 +337,9 @@ class Max(torch.autograd.Function):
         share = mask / mask.sum(ctx.dim, keepdim=True)
         return torch.where(mask.bool(), grad_output * share, torch.zeros_like(x)), None, None
 '''),
-    right("conv2d", "conv_transpose2d with a computed output_padding", source='''
-def _pair(v):
-    return (v, v) if isinstance(v, int) else tuple(v)
-
-
-class Conv2d(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, input, weight, bias=None, stride=1, padding=0):
-        ctx.save_for_backward(input, weight)
-        ctx.stride, ctx.padding = _pair(stride), _pair(padding)
-        return F.conv2d(input, weight, bias, stride, padding)
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        input, weight = ctx.saved_tensors
-        sizes = zip(input.shape[-2:], grad_output.shape[-2:], weight.shape[-2:], ctx.stride, ctx.padding)
-        output_padding = tuple(n - ((o - 1) * s - 2 * p + k) for n, o, k, s, p in sizes)
-        grad_input = grad_weight = grad_bias = None
-        if ctx.needs_input_grad[0]:
-            grad_input = F.conv_transpose2d(grad_output, weight, None, ctx.stride, ctx.padding, output_padding)
-        if ctx.needs_input_grad[1]:
-            grad_weight = torch.nn.grad.conv2d_weight(input, weight.shape, grad_output, ctx.stride, ctx.padding)
-        if ctx.needs_input_grad[2]:
-            grad_bias = grad_output.sum((0, 2, 3))
-        return grad_input, grad_weight, grad_bias, None, None
-'''),
+    right("conv2d", "conv_transpose2d with a computed output_padding", source=_CONV_TRANSPOSED),
 ]
 
-# A parameter of one spatial axis used for both (right whenever the two axes agree).
-_CONV_TRANSPOSED = '''
-def _pair(v):
-    return (v, v) if isinstance(v, int) else tuple(v)
-
-
-class Conv2d(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, input, weight, bias=None, stride=1, padding=0):
-        ctx.save_for_backward(input, weight)
-        ctx.stride, ctx.padding = _pair(stride), _pair(padding)
-        return F.conv2d(input, weight, bias, stride, padding)
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        input, weight = ctx.saved_tensors
-        sizes = zip(input.shape[-2:], grad_output.shape[-2:], weight.shape[-2:], ctx.stride, ctx.padding)
-        output_padding = tuple(n - ((o - 1) * s - 2 * p + k) for n, o, k, s, p in sizes)
-        grad_input = F.conv_transpose2d(grad_output, weight, None, ctx.stride, ctx.padding, output_padding)
-        grad_weight = torch.nn.grad.conv2d_weight(input, weight.shape, grad_output, ctx.stride, ctx.padding)
-        grad_bias = grad_output.sum((0, 2, 3)) if ctx.needs_input_grad[2] else None
-        return grad_input, grad_weight, grad_bias, None, None
-'''
 MUTANTS += [
     wrong("conv2d", "output_padding of the height used for the width", source=_CONV_TRANSPOSED.replace(
         "        sizes = zip(input.shape[-2:], grad_output.shape[-2:], weight.shape[-2:], ctx.stride, ctx.padding)\n"
