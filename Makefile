@@ -76,11 +76,12 @@ bench: $(STAMP) system-tools test-tools
 	$(BIN)/python bench/scaling.py
 
 # A thousand notebooks mutated at random in structure and metadata, graded beside honest
-# students (tests/test_fuzz.py; `make test` grades a sample). FUZZ_SEED replays a run.
+# students (tests/test_fuzz.py; `make test` grades a sample). FUZZ_SEED replays a run. It
+# and compare-stock lift make test's 15-minute limit per test (--timeout 0).
 FUZZ ?= 1000
 FUZZ_SEED ?= 20261127
 fuzz: $(STAMP) system-tools
-	$(BIN)/python -m pytest -n 0 tests/test_fuzz.py --fuzz $(FUZZ) --fuzz-seed $(FUZZ_SEED)
+	$(BIN)/python -m pytest -n 0 --timeout 0 tests/test_fuzz.py --fuzz $(FUZZ) --fuzz-seed $(FUZZ_SEED)
 
 # `make test` checks that the grader's verdicts are the kernel's on a sample of the known
 # answers (the first wrong and right answer of each exercise); this on every one of them.
@@ -90,7 +91,7 @@ verdicts: $(STAMP) system-tools
 # `make test` compares the engine's scores with stock nbgrader's on a sample covering every
 # exercise; this compares them on every known answer (stock nbgrader: about 20 minutes).
 compare-stock: $(STAMP) system-tools
-	$(BIN)/python -m pytest tests/test_engine_scores.py --stock-all
+	$(BIN)/python -m pytest --timeout 0 tests/test_engine_scores.py --stock-all
 
 # The CUDA path, on a GPU machine whose python3 has torch and nothing else of ours (README,
 # "Checking on a GPU"): every notebook top to bottom, every known answer (device bugs included)
