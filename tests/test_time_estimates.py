@@ -105,8 +105,6 @@ LONGEST = 150  # minutes: past about 2½ h a notebook is split, or is listed her
 NOT_SPLIT = {
     "08_memory": "about 2 h 50: its five exercises build one on another (measure, save less, recompute, "
                  "compress, recompute with hooks); not split yet",
-    "11_capstone": "two sittings of their own points: Part A, the open capstone (about 2 h 25), and Part B, "
-                   "the chunked extension (about 1 h 25); not split into two notebooks yet",
 }
 
 

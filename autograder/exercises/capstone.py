@@ -1,5 +1,6 @@
-"""Checks for notebook 11_capstone: a fused softmax-cross-entropy, built end to end (part A),
-and a chunked Linear + cross-entropy that never holds the whole logits (part B).
+"""Checks for the capstone: a fused softmax-cross-entropy, built end to end (part A, notebook
+11_capstone), and a chunked Linear + cross-entropy that never holds the whole logits (part B,
+notebook 11_capstone_extension).
 
 Part A's answer is a function `fused_cross_entropy(logits, target, weight=None,
 reduction="mean", ignore_index=-100)` with `F.cross_entropy`'s meaning, the classes on the

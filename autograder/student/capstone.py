@@ -1,5 +1,6 @@
-"""Notebook 11_capstone in the student's process: the student's losses seen as functions of
-their tensors only, and a meter of the memory they use.
+"""The capstone (notebooks 11_capstone and 11_capstone_extension) in the student's process:
+the student's losses seen as functions of their tensors only, and a meter of the memory they
+use.
 
 The checks differentiate every floating-point tensor argument they are given. The class
 weights of a cross-entropy are not differentiated (as in `F.cross_entropy`), so the checks
