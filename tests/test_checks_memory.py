@@ -1,4 +1,4 @@
-"""Unit tests of autograder.exercises.memory (notebook 08) and of the meters in
+"""Unit tests of autograder.exercises.memory (notebook 08: 08_memory and 08_memory_checkpointing) and of the meters in
 autograder.student.memory: budgets of bytes saved with the messages they give, the
 checkpoint and hooks checks, the same verdicts through a Remote proxy, and the answer key
 of the notebook's true-or-false exercise, checked against torch itself."""
@@ -8,22 +8,26 @@ import ast
 import contextlib
 import functools
 import io
+import types
 
 import nbformat
 import pytest
 import torch
 import torch.nn.functional as F
 
-from answers import memory as answers
+from answers import memory, memory_checkpointing
 from autograder import authoring
 from autograder.checks.answers import quiz_keys
 from autograder.checks.remote import Remote, loopback
 from autograder.exercises import memory as m
-from autograder.student import memory
+from autograder.student import memory as meters
 from autograder.student.report import CheckFailed
 from grading import exercises
 
-SLUG = "08_memory"
+SLUGS = ("08_memory", "08_memory_checkpointing")  # parts 1 and 2
+QUIZ = "08_memory_checkpointing"  # the notebook of the true-or-false exercise (on both parts)
+answers = types.SimpleNamespace(MUTANTS=memory.MUTANTS + memory_checkpointing.MUTANTS,
+                                VARIANTS=memory.VARIANTS + memory_checkpointing.VARIANTS)
 
 
 def function(name, forward, backward):
@@ -43,8 +47,8 @@ def remote(name, answer):
 
 @functools.lru_cache(maxsize=None)
 def _solutions() -> dict[str, str]:
-    nb = nbformat.read(authoring.solution_path(SLUG), as_version=4)
-    return {e.answer_id: e.solution for e in exercises(nb)}
+    notebooks = [nbformat.read(authoring.solution_path(slug), as_version=4) for slug in SLUGS]
+    return {e.answer_id: e.solution for nb in notebooks for e in exercises(nb)}
 
 
 def defined(answer_id: str, source: str | None = None) -> dict:
@@ -66,7 +70,7 @@ save_as_bf16 = defined("save_as_bf16")["save_as_bf16"]
 def test_saved_memory_counts_each_memory_block_once():
     w = torch.randn(3, 3, requires_grad=True)
     x = torch.randn(2, 3)
-    with memory.SavedMemory() as saved:
+    with meters.SavedMemory() as saved:
         torch.tanh(x @ w) @ w  # the tanh output is saved by tanh and by the second matmul
     assert saved.count == 4  # x, tanh's output twice, w
     assert saved.nbytes == 2 * 3 * 4 + 2 * 3 * 4 + 3 * 3 * 4
@@ -75,17 +79,17 @@ def test_saved_memory_counts_each_memory_block_once():
 
 def test_saved_memory_through_other_hooks_counts_what_they_keep():
     x = torch.randn(4, 8, requires_grad=True)
-    with memory.SavedMemory(through=save_as_bf16()) as saved:
+    with meters.SavedMemory(through=save_as_bf16()) as saved:
         torch.tanh(x * 2)
     assert saved.count == 1 and saved.nbytes == 4 * 8 * 2
-    with memory.SavedMemory(through=torch.autograd.graph.save_on_cpu()) as saved:
+    with meters.SavedMemory(through=torch.autograd.graph.save_on_cpu()) as saved:
         torch.tanh(x * 2)
     assert saved.nbytes == 4 * 8 * 4  # on the CPU: the tensor itself
 
 
 def test_peak_memory_sees_forward_and_backward():
     x = torch.randn(256, requires_grad=True)  # created before: not counted
-    with memory.PeakMemory() as mem:
+    with meters.PeakMemory() as mem:
         y = x.exp()  # 1 KiB, saved by exp
         view = y[1:]  # a view: no new memory
         assert mem.now == 1024
@@ -97,7 +101,7 @@ def test_peak_memory_sees_forward_and_backward():
 
 
 def test_human():
-    assert memory.human(1536) == "1.5 KiB" and memory.human(12) == "12 bytes"
+    assert meters.human(1536) == "1.5 KiB" and meters.human(12) == "12 bytes"
 
 
 # --- LeakyReLU -----------------------------------------------------------------------------
@@ -501,12 +505,10 @@ def test_the_model_solution_passes_the_same_way_remotely(exercise, capsys):
         assert capsys.readouterr().out == local
 
 
-# --- The time the introduction states -----------------------------------------------------
-
 # --- The answer key of "true or false?" ----------------------------------------------------
 
 def _key() -> dict[str, str]:
-    nb = nbformat.read(authoring.solution_path(SLUG), as_version=4)
+    nb = nbformat.read(authoring.solution_path(QUIZ), as_version=4)
     cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "check_claims_hidden")
     call = next(n for n in ast.walk(ast.parse(cell.source)) if isinstance(n, ast.Call))
     return ast.literal_eval(next(k.value for k in call.keywords if k.arg == "key"))
@@ -541,7 +543,7 @@ def _claim_c() -> bool:  # one segment: the peak of backward is O(1)
 
     peaks = []
     for segment in (False, True):
-        with memory.PeakMemory() as mem:
+        with meters.PeakMemory() as mem:
             out = torch.utils.checkpoint.checkpoint(chain, h0, *ws, use_reentrant=False) if segment else chain(h0, *ws)
             out.sum().backward()
         peaks.append(mem.peak)
@@ -561,16 +563,16 @@ def _claim_e() -> bool:  # preserve_rng_state=False raises
 
 def _claim_f() -> bool:  # x @ w with only x requiring grad saves x
     x, w = torch.randn(2, 3, requires_grad=True), torch.randn(3, 4)
-    with memory.SavedMemory() as saved:
+    with meters.SavedMemory() as saved:
         x @ w
     return any(e.shape == (2, 3) for e in saved.entries)
 
 
 def _claim_g() -> bool:  # save_on_cpu without a GPU keeps less
     x = torch.randn(8, 8, requires_grad=True)
-    with memory.SavedMemory() as plain:
+    with meters.SavedMemory() as plain:
         torch.tanh(x * 2)
-    with memory.SavedMemory(through=torch.autograd.graph.save_on_cpu()) as moved:
+    with meters.SavedMemory(through=torch.autograd.graph.save_on_cpu()) as moved:
         torch.tanh(x * 2)
     return moved.nbytes < plain.nbytes
 
@@ -607,7 +609,7 @@ def test_the_answer_key_is_what_torch_does(question):
 
 def test_every_claim_is_explained_whichever_way_it_is_answered():
     """The hidden cell explains the key and the tempting wrong answer of every claim."""
-    found = quiz_keys(nbformat.read(authoring.solution_path(SLUG), as_version=4), SLUG)[f"{SLUG}/claims"]
+    found = quiz_keys(nbformat.read(authoring.solution_path(QUIZ), as_version=4), QUIZ)[f"{QUIZ}/claims"]
     assert found["key"] == _key()
     assert {q: set(lines) for q, lines in found["explain"].items()} == {q: {"true", "false"} for q in CLAIMS}
 
@@ -624,7 +626,7 @@ def test_checkpoint_segments():
             h = torch.tanh(h @ w)
         return h
 
-    with memory.PeakMemory() as mem:
+    with meters.PeakMemory() as mem:
         h = h0
         for i in range(0, n, 4):
             h = torch.utils.checkpoint.checkpoint(chain, h, *ws[i:i + 4], use_reentrant=False)

@@ -39,7 +39,7 @@ KNOWN = {
     "with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):":
         "student/saved.py's recorder is the heart of exercise 6's saved_by answer",
     "if t.dtype in (torch.float32, torch.float64) and not (t.is_leaf and t.requires_grad):":
-        "exercises/memory.py's reference rounding is save_as_bf16's pack (08_memory)",
+        "exercises/memory.py's reference rounding is save_as_bf16's pack (08_memory_checkpointing)",
     "storage = t.untyped_storage()": "student/memory.py's meter reads storages as kept_alive must",
     "blocks[storage.data_ptr()] = storage.nbytes()": "exercises/save_for_backward.py's kept_alive reference",
     "return sum(blocks.values())": "exercises/save_for_backward.py's kept_alive reference",

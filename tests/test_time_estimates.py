@@ -101,18 +101,14 @@ def test_the_readme_table_states_the_whole_time(slug):
     assert within(minutes(stated), total, least=10, share=0.1), f"{slug}: README says {stated}, about {total:.0f} min"
 
 
-LONGEST = 150  # minutes: past about 2½ h a notebook is split, or is listed here with why not
-NOT_SPLIT = {
-    "08_memory": "about 2 h 50: its five exercises build one on another (measure, save less, recompute, "
-                 "compress, recompute with hooks); not split yet",
-}
+LONGEST = 150  # minutes: past about 2½ h a notebook is split into parts (08 and 11 are)
 
 
 @pytest.mark.parametrize("slug", SLUGS)
 def test_a_notebook_takes_at_most_about_two_and_a_half_hours(slug):
     nb = released(slug)
     total = reading_minutes(nb) + exercise_minutes(nb)
-    assert total <= LONGEST * 1.1 or slug in NOT_SPLIT, f"{slug}: about {total:.0f} min, past {LONGEST} min"
+    assert total <= LONGEST * 1.1, f"{slug}: about {total:.0f} min, past {LONGEST} min"
 
 
 def test_the_readme_lists_every_notebook():

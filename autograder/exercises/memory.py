@@ -1,6 +1,7 @@
-"""Checks for notebook 08_memory: Functions graded on the bytes they save for backward (a
-budget per exercise, measured with saved-tensor hooks) as well as on their values and
-gradients; a checkpoint written by hand; saved-tensor hooks that compress to bfloat16."""
+"""Checks for notebook 08 (08_memory, then 08_memory_checkpointing): Functions graded on the
+bytes they save for backward (a budget per exercise, measured with saved-tensor hooks) as
+well as on their values and gradients; checkpoints written by hand, with a Function and with
+saved-tensor hooks; saved-tensor hooks that compress to bfloat16."""
 from __future__ import annotations
 
 import inspect

@@ -1,6 +1,6 @@
-"""Notebook 08_memory in the student's process: meters for what a graph keeps, the test
-blocks and graphs the checks hand to student code, and the procedures that run the
-student's checkpoint and saved-tensor hooks and report what happened.
+"""Notebook 08 (08_memory, 08_memory_checkpointing) in the student's process: meters for
+what a graph keeps, the test blocks and graphs the checks hand to student code, and the
+procedures that run the student's checkpoint and saved-tensor hooks and report what happened.
 
 - `SavedMemory` (saved-tensor hooks) lists every tensor saved for backward inside a
   `with` block: shape, dtype, bytes, and the memory block (storage) it keeps alive.

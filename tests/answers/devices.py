@@ -97,6 +97,8 @@ MUTANTS = {
               device="meta"),
         wrong("linear_relu", "bias gradient added to zeros made on the CPU",
               ("grad_bias = g.sum(0)", "grad_bias = torch.zeros(g.shape[1], dtype=g.dtype) + g.sum(0)"), device="meta"),
+    ],
+    "08_memory_checkpointing": [
         wrong("manual_checkpoint", "restores the CPU's random state only",
               ("ctx.devices = sorted({t.device.index or 0 for t in inputs if t.is_cuda})", "ctx.devices = []"),
               device="cuda"),
