@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from answers import capstone, capstone_extension
+from answers import capstone_extension, in_parts
 from autograder import authoring
 from autograder.checks.remote import Remote, loopback
 from autograder.exercises import capstone as cp
@@ -28,8 +28,7 @@ SLUGS = ("11_capstone", "11_capstone_extension")  # parts A and B
 NAME, LINEAR = cp.NAME, cp.LINEAR_NAME
 MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
 CELLS = [cell for slug in SLUGS for cell in nbformat.read(authoring.solution_path(slug), as_version=4).cells]
-answers = types.SimpleNamespace(MUTANTS=capstone.MUTANTS + capstone_extension.MUTANTS,
-                                VARIANTS=capstone.VARIANTS + capstone_extension.VARIANTS)
+answers = in_parts("capstone", "capstone_extension")
 
 
 def _cell(grade_id: str) -> str:

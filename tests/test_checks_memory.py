@@ -1,21 +1,21 @@
-"""Unit tests of autograder.exercises.memory (notebook 08: 08_memory and 08_memory_checkpointing) and of the meters in
-autograder.student.memory: budgets of bytes saved with the messages they give, the
-checkpoint and hooks checks, the same verdicts through a Remote proxy, and the answer key
-of the notebook's true-or-false exercise, checked against torch itself."""
+"""Unit tests of autograder.exercises.memory (notebook 08: 08_memory and
+08_memory_checkpointing) and of the meters in autograder.student.memory: budgets of bytes
+saved with the messages they give, the checkpoint and hooks checks, the same verdicts
+through a Remote proxy, and the answer key of the true-or-false exercise, checked against
+torch itself."""
 from __future__ import annotations
 
 import ast
 import contextlib
 import functools
 import io
-import types
 
 import nbformat
 import pytest
 import torch
 import torch.nn.functional as F
 
-from answers import memory, memory_checkpointing
+from answers import in_parts
 from autograder import authoring
 from autograder.checks.answers import quiz_keys
 from autograder.checks.remote import Remote, loopback
@@ -26,8 +26,7 @@ from grading import exercises
 
 SLUGS = ("08_memory", "08_memory_checkpointing")  # parts 1 and 2
 QUIZ = "08_memory_checkpointing"  # the notebook of the true-or-false exercise (on both parts)
-answers = types.SimpleNamespace(MUTANTS=memory.MUTANTS + memory_checkpointing.MUTANTS,
-                                VARIANTS=memory.VARIANTS + memory_checkpointing.VARIANTS)
+answers = in_parts("memory", "memory_checkpointing")
 
 
 def function(name, forward, backward):

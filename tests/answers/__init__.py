@@ -2,8 +2,9 @@
 unusual correct ones that must keep them all (graded end to end by test_grading.py).
 
 Each module is named after a notebook without its number (`function_basics` for
-`03_function_basics`) and defines MUTANTS and VARIANTS, lists of `Answer`; the device bugs
-of every notebook are in `devices` (for_notebook adds them to the notebook's own).
+`03_function_basics`, `memory_checkpointing` for 08's part 2, `08_memory_checkpointing`) and
+defines MUTANTS and VARIANTS, lists of `Answer`; the device bugs of every notebook are in
+`devices` (for_notebook adds them to the notebook's own).
 """
 from __future__ import annotations
 
@@ -54,3 +55,11 @@ def for_notebook(slug: str) -> SimpleNamespace:
     module = importlib.import_module(f"{__name__}.{slug.split('_', 1)[1]}")
     return SimpleNamespace(MUTANTS=[*module.MUTANTS, *devices.MUTANTS.get(slug, [])],
                            VARIANTS=[*module.VARIANTS, *devices.VARIANTS.get(slug, [])])
+
+
+def in_parts(*names: str) -> SimpleNamespace:
+    """MUTANTS and VARIANTS of the modules `names` (a notebook in parts, e.g. "memory" and
+    "memory_checkpointing"), without device bugs: what the unit tests of one checks module use."""
+    modules = [importlib.import_module(f"{__name__}.{name}") for name in names]
+    return SimpleNamespace(MUTANTS=[a for m in modules for a in m.MUTANTS],
+                           VARIANTS=[a for m in modules for a in m.VARIANTS])
