@@ -69,10 +69,8 @@ def fused_linear_cross_entropy(hidden, weight, target, reduction="mean", ignore_
     return torch.nn.functional.cross_entropy(hidden @ weight.T, target, reduction=reduction, ignore_index=ignore_index)
 '''
 
-_LOOP_OF_LOSSES = '''
-def fused_linear_cross_entropy(hidden, weight, target, reduction="mean", ignore_index=-100, chunk_size=1024):
-    losses = [torch.nn.functional.cross_entropy(h @ weight.T, t, reduction="none", ignore_index=ignore_index)
-              for h, t in zip(hidden.split(chunk_size), target.split(chunk_size))]
+# The losses of the chunks, one per row, then the reduction over the whole batch.
+_CONCATENATED = '''
     losses = torch.cat(losses)
     if reduction == "none":
         return losses
@@ -80,6 +78,11 @@ def fused_linear_cross_entropy(hidden, weight, target, reduction="mean", ignore_
         return losses.sum()
     return losses.sum() / (target != ignore_index).sum()
 '''
+
+_LOOP_OF_LOSSES = '''
+def fused_linear_cross_entropy(hidden, weight, target, reduction="mean", ignore_index=-100, chunk_size=1024):
+    losses = [torch.nn.functional.cross_entropy(h @ weight.T, t, reduction="none", ignore_index=ignore_index)
+              for h, t in zip(hidden.split(chunk_size), target.split(chunk_size))]''' + _CONCATENATED
 
 # Each chunk's loss through torch.utils.checkpoint: its logits are made again in backward, one
 # chunk at a time (notebook 08), and no Function of one's own is needed.
@@ -92,14 +95,7 @@ def fused_linear_cross_entropy(hidden, weight, target, reduction="mean", ignore_
         return torch.nn.functional.cross_entropy(h @ w.T, t, reduction="none", ignore_index=ignore_index)
 
     losses = [checkpoint(chunk_losses, h, weight, t, use_reentrant=False)
-              for h, t in zip(hidden.split(chunk_size), target.split(chunk_size))]
-    losses = torch.cat(losses)
-    if reduction == "none":
-        return losses
-    if reduction == "sum":
-        return losses.sum()
-    return losses.sum() / (target != ignore_index).sum()
-'''
+              for h, t in zip(hidden.split(chunk_size), target.split(chunk_size))]''' + _CONCATENATED
 
 # Chunks of classes instead of rows, each as wide as chunk_size rows of logits hold: an online
 # log-sum-exp (a running max and sum per row) in forward, the same tiles again in backward.
