@@ -323,3 +323,11 @@ def test_functions_handed_to_student_code_cross_by_name():
     for f in handed:
         key = probe.REFERENCE_KEYS[id(f)]
         assert probe.REFERENCES[key] is f and key.startswith("autograder.student.gradcheck:")
+
+
+def test_the_references_central_differences_are_torchs_numerical_jacobian_diagonal():
+    """The reference of 5.5 moves every entry at once (two calls of f): for an elementwise f
+    that is, entry for entry, the diagonal of torch's numerical Jacobian (two calls per entry)."""
+    for case in checks._approximations(torch.Generator().manual_seed(0)):
+        torchs = checks.numerical_jacobian(case.f, [case.x], case.eps)[0][0].diagonal()
+        assert torch.equal(checks._central(case.f, case.x, case.eps), torchs), case.name
