@@ -28,7 +28,6 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from . import probe
 from .report import quiet
@@ -148,6 +147,21 @@ def _storage(t: torch.Tensor) -> int:
     return 0 if t.device.type == "meta" else t.untyped_storage().data_ptr()
 
 
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors in an operator's arguments or results (tuples, lists and dicts of them), in
+    order; pytree's general flattening would cost most of a dispatch here."""
+    found, stack = [], [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif isinstance(item, (tuple, list)):
+            stack.extend(reversed(item))
+        elif isinstance(item, dict):
+            stack.extend(reversed(item.values()))
+    return found
+
+
 def _layout(t: torch.Tensor) -> tuple[Any, ...]:
     return (_storage(t), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
 
@@ -193,9 +207,9 @@ class Watch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        inputs = {_storage(a) for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)}
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and _storage(t) not in inputs:  # not a view nor in place
+        inputs = {_storage(a) for a in _tensors((args, kwargs))}
+        for t in _tensors(out):
+            if _storage(t) not in inputs:  # not a view nor in place
                 self.add(t, self.stage)
         return out
 
