@@ -17,6 +17,7 @@ from . import probe
 EVALUATE = "autograd::engine::evaluate_function: "  # the profiler's name of a node the engine runs
 FORWARD_AD = ("aten::_make_dual", "aten::_unpack_dual")  # what forward-mode AD cannot do without
 OWN_NODES = ("torch::autograd::AccumulateGrad", "torch::autograd::GraphRoot")
+RUN = "autograder: watched run "  # the span that marks each run of one profiler session
 
 
 class AutogradWatch:
@@ -28,13 +29,16 @@ class AutogradWatch:
     PyTorch's profiler sees every node the engine runs and every operation, in every
     thread; what it saw is the evidence. It watches the runs whose numbers are judged,
     so a backward that behaves otherwise when it is watched is judged as it behaves then.
-    Best effort: observed in the student's process.
+    One profiler session (`watching`) watches every run of a request (`run`, each marked
+    by a span of its own: starting the profiler costs more than a run). Best effort:
+    observed in the student's process.
     """
 
     def __init__(self, function: Any) -> None:
         self.own = f"{EVALUATE}{function.__name__}Backward"
-        self.evidence: list[str] = []
+        self.evidence: list[list[str]] = []  # per run, in the order they ran
         self.unwatched: str | None = None  # why the watch could not run: no verdict, a look
+        self._runs = 0
 
     @contextlib.contextmanager
     def watching(self) -> Iterator["AutogradWatch"]:
@@ -48,6 +52,7 @@ class AutogradWatch:
         except (RuntimeError, TypeError) as error:  # a profiler of the notebook's own runs, no threads left
             self.unwatched = probe.first_line(error, 200)
             yield self
+            self.evidence = [[] for _ in range(self._runs)]
             return
         try:
             yield self
@@ -55,11 +60,24 @@ class AutogradWatch:
             with _quiet_stderr():
                 profile.__exit__(None, None, None)
             assert profile.kineto_results is not None  # __exit__ has collected them
-            self.evidence += self._found(profile.kineto_results.events())
+            events = profile.kineto_results.events()
+            spans = {e.name(): (e.start_ns(), e.start_ns() + e.duration_ns()) for e in events
+                     if e.name().startswith(RUN)}
+            self.evidence = [self._found(events, spans.get(f"{RUN}{k}")) for k in range(self._runs)]
 
-    def _found(self, events: list[Any]) -> list[str]:
-        """The nodes and forward-AD operations that ran while the Function was applied (before
-        the engine first ran its node) or inside its node."""
+    @contextlib.contextmanager
+    def run(self) -> Iterator[None]:
+        """One watched run, inside `watching`: its evidence is `evidence[k]`, k counting from 0."""
+        self._runs += 1
+        with torch.autograd.profiler.record_function(f"{RUN}{self._runs - 1}"):
+            yield
+
+    def _found(self, events: list[Any], window: tuple[int, int] | None) -> list[str]:
+        """The nodes and forward-AD operations that ran in the run's `window` while the
+        Function was applied (before the engine first ran its node) or inside its node."""
+        if window is None:
+            return []
+        events = [e for e in events if window[0] <= e.start_ns() <= window[1]]
         spans = sorted((e.start_ns(), e.start_ns() + e.duration_ns()) for e in events if e.name() == self.own)
         if not spans:
             return []

@@ -312,7 +312,24 @@ def run_many(fn: Any, runs: Sequence[Run]) -> list[Observed]:
 
 @procedure
 def _run_many(fn: Any, runs: list[Any]) -> list[Any]:
-    return [_run(fn, *r) for r in runs]
+    """Each run; those asked to be watched, of a Function, under one watch."""
+    watched = [len(r) > 4 and bool(r[4]) and isinstance(fn, type) and issubclass(fn, torch.autograd.Function)
+               for r in runs]
+    if not any(watched):
+        return [_probed(fn, *r[:4]) for r in runs]
+    from .introspect import AutogradWatch
+
+    found = []
+    with AutogradWatch(fn).watching() as watch:
+        for r, watching in zip(runs, watched):
+            if not watching:
+                found.append(_probed(fn, *r[:4]))
+                continue
+            with watch.run():
+                found.append(_probed(fn, *r[:4]))
+    evidence = iter(watch.evidence)
+    return [{**f, "asked_autograd": next(evidence), "unwatched": watch.unwatched} if watching else f
+            for f, watching in zip(found, watched)]
 
 
 LAYOUTS = ("plain", "strided", "expanded")
@@ -333,17 +350,6 @@ def laid_out(v: torch.Tensor, layout: str) -> torch.Tensor:
         if bool((v == first).all()):
             return first.clone().expand(v.shape)
     return v
-
-
-def _run(fn: Any, args: tuple[Any, ...], grad_outputs: list[Any], grad_grads: list[Any] | None,
-         layouts: list[Any] | None = None, watch: bool = False) -> dict[str, Any]:
-    if not (watch and isinstance(fn, type) and issubclass(fn, torch.autograd.Function)):
-        return _probed(fn, args, grad_outputs, grad_grads, layouts)
-    from .introspect import AutogradWatch
-
-    with AutogradWatch(fn).watching() as watched:
-        found = _probed(fn, args, grad_outputs, grad_grads, layouts)
-    return {**found, "asked_autograd": watched.evidence, "unwatched": watched.unwatched}
 
 
 def _probed(fn: Any, args: tuple[Any, ...], grad_outputs: list[Any], grad_grads: list[Any] | None,
