@@ -2,6 +2,7 @@
 whether it asks autograd for the gradient (`AutogradWatch`)."""
 from __future__ import annotations
 
+import bisect
 import contextlib
 import inspect
 import os
@@ -60,10 +61,15 @@ class AutogradWatch:
             with _quiet_stderr():
                 profile.__exit__(None, None, None)
             assert profile.kineto_results is not None  # __exit__ has collected them
-            events = profile.kineto_results.events()
-            spans = {e.name(): (e.start_ns(), e.start_ns() + e.duration_ns()) for e in events
-                     if e.name().startswith(RUN)}
-            self.evidence = [self._found(events, spans.get(f"{RUN}{k}")) for k in range(self._runs)]
+            # (name, start, end) of every event, by start: each run's are a slice
+            events = sorted(((e.name(), e.start_ns(), e.start_ns() + e.duration_ns())
+                             for e in profile.kineto_results.events()), key=lambda e: e[1])
+            starts = [start for _, start, _ in events]
+            runs = {name: (start, end) for name, start, end in events if name.startswith(RUN)}
+            self.evidence = [self._found(events[bisect.bisect_left(starts, window[0]):
+                                                bisect.bisect_right(starts, window[1])])
+                             if window is not None else []
+                             for window in (runs.get(f"{RUN}{k}") for k in range(self._runs))]
 
     @contextlib.contextmanager
     def run(self) -> Iterator[None]:
@@ -72,19 +78,16 @@ class AutogradWatch:
         with torch.autograd.profiler.record_function(f"{RUN}{self._runs - 1}"):
             yield
 
-    def _found(self, events: list[Any], window: tuple[int, int] | None) -> list[str]:
-        """The nodes and forward-AD operations that ran in the run's `window` while the
-        Function was applied (before the engine first ran its node) or inside its node."""
-        if window is None:
-            return []
-        events = [e for e in events if window[0] <= e.start_ns() <= window[1]]
-        spans = sorted((e.start_ns(), e.start_ns() + e.duration_ns()) for e in events if e.name() == self.own)
+    def _found(self, events: list[tuple[str, int, int]]) -> list[str]:
+        """The nodes and forward-AD operations among one run's `events` ((name, start, end)
+        each) that ran while the Function was applied (before the engine first ran its node)
+        or inside its node."""
+        spans = sorted((start, end) for name, start, end in events if name == self.own)
         if not spans:
             return []
         first = spans[0][0]
         found: dict[str, None] = {}
-        for e in events:
-            name, start = e.name(), e.start_ns()
+        for name, start, _ in events:
             asking = name.startswith(EVALUATE) and name != self.own and name[len(EVALUATE):] not in OWN_NODES
             if (asking or name in FORWARD_AD) and (start < first or any(a < start < b for a, b in spans)):
                 found[name.removeprefix(EVALUATE)] = None

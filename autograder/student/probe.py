@@ -412,7 +412,9 @@ def _second_order(
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.device.type == "meta":
         return True
-    return a.shape == b.shape and bool(torch.allclose(a.detach(), b, rtol=0, atol=0, equal_nan=True))
+    # torch.equal first: fast, and it decides unless a NaN is involved (NaN equals NaN here)
+    return a.shape == b.shape and (torch.equal(a.detach(), b)
+                                   or bool(torch.allclose(a.detach(), b, rtol=0, atol=0, equal_nan=True)))
 
 
 def forward(fn: Any, args: Sequence[Any]) -> list[torch.Tensor] | ProbeError:

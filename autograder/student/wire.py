@@ -81,7 +81,7 @@ def decode(structure: Any, buffers: Sequence[bytes | bytearray], *, references: 
     def charge(shape: list[int], dtype: torch.dtype) -> int:
         """The tensor's element count, once it fits what is left of the payload's budget."""
         numel = math.prod(shape)
-        spent["bytes"] += numel * _itemsize(dtype)
+        spent["bytes"] += numel * dtype.itemsize
         spent["tensors"] += 1
         if spent["bytes"] > MAX_BYTES or spent["tensors"] > MAX_TENSORS:
             raise WireError(f"payload larger than {MAX_BYTES >> 20} MiB of tensors or {MAX_TENSORS} tensors "
@@ -121,7 +121,7 @@ def decode(structure: Any, buffers: Sequence[bytes | bytearray], *, references: 
                 raise WireError("tensor refers to a missing buffer")
             data = buffers[index]
             numel = charge(shape, dtype)
-            if len(data) != numel * _itemsize(dtype):
+            if len(data) != numel * dtype.itemsize:
                 raise WireError("tensor size does not match its buffer")
             # The tensor owns the buffer it was read into (copied only if it came as bytes).
             buffer = data if isinstance(data, bytearray) else bytearray(data)
@@ -165,10 +165,6 @@ def _dtype(name: Any) -> torch.dtype:
     if name not in DTYPES:
         raise WireError(f"dtype {name!r} is not accepted")
     return DTYPES[name]
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 def _shape(shape: Any) -> list[int]:
