@@ -26,7 +26,7 @@ from ..isolation import sandbox
 from ..isolation.limits import TRUNCATED, Limits
 from ..runner.protocol import Channel, ChannelClosed, ProtocolError, Undecodable
 from . import syntax
-from .records import Cell, Program, Run
+from .records import Cell, Program, Run, cores
 
 if TYPE_CHECKING:  # torch loads in the grader only once the workers are warming up
     from .conversation import Conversation
@@ -55,8 +55,14 @@ class Worker:
         self.starts = 0
         self.modules: list[str] = []  # to preload, also after a restart
         self.compiles = False
+        # The pool's thread starts it while the grader's asks it to preload: one at a time.
+        self.starting = threading.RLock()
 
     def start(self) -> None:
+        with self.starting:
+            self._start()
+
+    def _start(self) -> None:
         ours, theirs = socket.socketpair()
         self.starts += 1
         runtime = self.runtime / f"start-{self.starts}"
@@ -75,13 +81,16 @@ class Worker:
             self.preload(self.modules, self.compiles)
 
     def preload(self, modules: list[str], compiles: bool) -> None:
-        self.modules, self.compiles = modules, compiles
-        try:
-            self.control.send({"op": "preload", "modules": modules, "compiles": compiles})
-        except OSError:  # it died: started again (preloading these) before its next notebook
-            self.kill()
+        with self.starting:
+            self.modules, self.compiles = modules, compiles
+            if self.process is None:  # not started yet: it preloads them when it starts
+                return
+            try:
+                self.control.send({"op": "preload", "modules": modules, "compiles": compiles})
+            except OSError:  # it died: started again (preloading these) before its next notebook
+                self.kill()
 
-    def _ensure_ready(self) -> None:
+    def ensure_ready(self) -> None:
         if self.process is None or self.process.poll() is not None:
             self.start()
         if not self.ready:
@@ -116,7 +125,7 @@ class Worker:
     def run(self, program: Program, limits: Limits) -> Run:
         from .conversation import Conversation  # here: it loads torch, which the grader needs only now
 
-        self._ensure_ready()
+        self.ensure_ready()
         run = Run()
         ours, theirs = socket.socketpair()
         started = time.monotonic()
@@ -283,7 +292,9 @@ class Workers(Protocol):
 
 
 class Pool:
-    """`jobs` warm workers, started at once (they warm up while the grader prepares).
+    """`jobs` warm workers, warming up while the grader prepares: as many at once as there
+    are cores but one (left to the grader), so that on a small machine the first worker is
+    ready, and the first verdict comes, before all of them have warmed up.
 
     `submit` queues a submission (its notebooks run one after another on one worker);
     `result` returns the next finished one, in completion order.
@@ -300,13 +311,13 @@ class Pool:
         self.done: queue.Queue[Any] = queue.Queue()
         self._running: dict[Any, float] = {}
         self.workers, self.threads = [], []
+        warming = threading.Semaphore(max(cores() - 1, 1))
         for k in range(jobs):
             directory = self.runtime / f"worker-{k}"
             directory.mkdir()
             worker = Worker(isolation, course_root, directory, slots[k] if slots else k)
-            worker.start()
             self.workers.append(worker)
-            self.threads.append(threading.Thread(target=self._serve, args=(worker,), daemon=True))
+            self.threads.append(threading.Thread(target=self._serve, args=(worker, warming), daemon=True))
         for thread in self.threads:
             thread.start()
 
@@ -331,7 +342,13 @@ class Pool:
         """What the workers run now: key -> when it started (time.monotonic)."""
         return dict(self._running)
 
-    def _serve(self, worker: Worker) -> None:
+    def _serve(self, worker: Worker, warming: threading.Semaphore) -> None:
+        with warming:
+            try:
+                worker.start()
+                worker.ensure_ready()
+            except Exception:  # started again for its first notebook, which fails alone if it must (_run)
+                worker.kill()
         while (job := self.todo.get()) is not None:
             key, programs = job
             self._running[key] = time.monotonic()

@@ -14,13 +14,18 @@ if TYPE_CHECKING:
     from .verdicts import Judge
 
 
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 @dataclass
 class Options:
     root: Path
     assignments: list[str] = field(default_factory=list)  # empty: all
     students: list[str] = field(default_factory=list)  # empty: all
     force: bool = False
-    jobs: int = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    jobs: int = field(default_factory=cores)
     limits: Limits = field(default_factory=Limits)
     sandbox: bool = True
     db_url: str | None = None
