@@ -128,7 +128,7 @@ def submissions(slug: str, count: int, known: int | None,
     answers = for_notebook(slug)
     found: dict[str, tuple[str, dict[str, str]]] = {}
     if honest:
-        return _in_hand_in_order({f"{slug[:2]}_correct{k:02d}": ("correct", model) for k in range(count)})
+        return _in_hand_in_order({f"{slug}_correct{k:02d}": ("correct", model) for k in range(count)})
     for k, a in enumerate(spread(answers.MUTANTS, known)):
         found[f"wrong{k:02d}"] = ("wrong", {**model, a.exercise: a.apply(model[a.exercise])})
     for k, a in enumerate(spread(answers.VARIANTS, known)):
@@ -149,7 +149,8 @@ def submissions(slug: str, count: int, known: int | None,
     while len(found) < count:
         found[f"correct{k:02d}"] = ("correct", model)
         k += 1
-    return _in_hand_in_order({f"{slug[:2]}_{student}": entry for student, entry in found.items()})
+    # (named after the whole slug: a student of its own per notebook, also where two share a number)
+    return _in_hand_in_order({f"{slug}_{student}": entry for student, entry in found.items()})
 
 
 def _in_hand_in_order(students: dict) -> dict:
@@ -295,7 +296,7 @@ def main() -> None:
     lines = [
         f"# Grading benchmark, {datetime.now():%Y-%m-%d %H:%M}",
         "",
-        f"{n} submissions: {len(slugs)} assignments ({', '.join(s[:2] for s in slugs)}) × {args.students} students "
+        f"{n} submissions: {len(slugs)} assignments ({', '.join(slugs)}) × {args.students} students "
         f"({', '.join(f'{c} {kind}' for kind, c in counts.items())}); {os.cpu_count()} cores; load average before: "
         f"{load[0]:.1f}; engine: --jobs {args.jobs}, {isolation}. Time budget {args.timeout} s: stock nbgrader "
         "`--Execute.timeout` (per cell, then SIGINT, then kill), engine `--timeout` (whole notebook, then SIGKILL). "
@@ -327,7 +328,7 @@ def main() -> None:
         # grader, the warm workers, forking, the sandbox, saving.
         own = (run.measured.cpu - sum(run.code[s][2] + run.code[s][3] for s in run.code)) / n
         per_slug = ", ".join(
-            f"{slug[:2]} {1000 * _mean([run.code[s][2] for s in measured_ones if assignment[s] == slug]):.0f}"
+            f"{slug} {1000 * _mean([run.code[s][2] for s in measured_ones if assignment[s] == slug]):.0f}"
             f" + {1000 * _mean([run.code[s][3] for s in measured_ones if assignment[s] == slug]):.0f}"
             for slug in slugs)
         lines.append(f"| {when} | {steady:.3f} | {steady_stock / steady:.1f}× | {1000 * cells:.0f} | "

@@ -3,7 +3,7 @@ the course with them.
 
 The workers (torch, IPython and the student side, imported once each) start as soon as
 the options and the course are checked, and warm up while this process loads nbgrader
-and prepares the first submissions.
+and prepares the first submissions (as many at once as there are cores but one: `Pool`).
 """
 from __future__ import annotations
 
