@@ -1,8 +1,9 @@
 """"Backward computes its own gradient" holds against every route to autograd: another
 thread, a thread pool made earlier, the engine's own entry point, torch-function handling
-disabled, torch.func, forward-mode AD, and a backward that behaves otherwise when it
-sees a profiler — each fails with the evidence, judged in the student's own kernel and
-through the wire as the grader judges; an honest backward passes, on every run."""
+disabled, torch.func, forward-mode AD, spans named like the watch's own, and a backward
+that behaves otherwise when it sees a profiler — each fails with the evidence, judged in
+the student's own kernel and through the wire as the grader judges; an honest backward
+passes, on every run."""
 from __future__ import annotations
 
 import threading
@@ -54,6 +55,17 @@ def _func(x, g, clip):
     return torch.func.vjp(lambda t: t.clamp(0, clip), x)[1](g)[0]
 
 
+def _mimicking_the_watch(x, g, clip):
+    """Empty profiler spans named as the watch might name its runs, to stand in for them."""
+    from autograder.student.introspect import RUN
+
+    for k in range(20):
+        for name in (f"{RUN}{k}", f"{RUN} {k}"):
+            with torch.autograd.profiler.record_function(name):
+                pass
+    return _autograd(x, g, clip)
+
+
 def _unless_watched(x, g, clip):
     """Honest only when a profiler runs (what the watch uses): its numbers are judged too."""
     if torch.autograd.profiler._is_profiler_enabled:
@@ -69,6 +81,7 @@ ROUTES = {
     "torch-function handling disabled": lambda x, g, c: _disabled(_autograd, x, g, c),
     "torch.func.vjp": _func,
     "forward-mode AD": _forward_ad,
+    "spans that mimic the watch's own": _mimicking_the_watch,
 }
 
 

@@ -6,6 +6,7 @@ import bisect
 import contextlib
 import inspect
 import os
+import secrets
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
@@ -18,7 +19,7 @@ from . import probe
 EVALUATE = "autograd::engine::evaluate_function: "  # the profiler's name of a node the engine runs
 FORWARD_AD = ("aten::_make_dual", "aten::_unpack_dual")  # what forward-mode AD cannot do without
 OWN_NODES = ("torch::autograd::AccumulateGrad", "torch::autograd::GraphRoot")
-RUN = "autograder: watched run "  # the span that marks each run of one profiler session
+RUN = "autograder: watched run"  # the span that marks each run of one profiler session
 
 
 class AutogradWatch:
@@ -40,6 +41,9 @@ class AutogradWatch:
         self.evidence: list[list[str]] = []  # per run, in the order they ran
         self.unwatched: str | None = None  # why the watch could not run: no verdict, a look
         self._runs = 0
+        # The runs' spans are named with a token of this session, so that spans the student's
+        # code makes itself cannot stand in for them (and hide what ran inside the Function).
+        self._mark = f"{RUN} {secrets.token_hex(8)} "
 
     @contextlib.contextmanager
     def watching(self) -> Iterator["AutogradWatch"]:
@@ -65,17 +69,20 @@ class AutogradWatch:
             events = sorted(((e.name(), e.start_ns(), e.start_ns() + e.duration_ns())
                              for e in profile.kineto_results.events()), key=lambda e: e[1])
             starts = [start for _, start, _ in events]
-            runs = {name: (start, end) for name, start, end in events if name.startswith(RUN)}
+            runs: dict[str, tuple[int, int]] = {}
+            for name, start, end in events:
+                if name.startswith(self._mark):
+                    runs.setdefault(name, (start, end))
             self.evidence = [self._found(events[bisect.bisect_left(starts, window[0]):
                                                 bisect.bisect_right(starts, window[1])])
                              if window is not None else []
-                             for window in (runs.get(f"{RUN}{k}") for k in range(self._runs))]
+                             for window in (runs.get(f"{self._mark}{k}") for k in range(self._runs))]
 
     @contextlib.contextmanager
     def run(self) -> Iterator[None]:
         """One watched run, inside `watching`: its evidence is `evidence[k]`, k counting from 0."""
         self._runs += 1
-        with torch.autograd.profiler.record_function(f"{RUN}{self._runs - 1}"):
+        with torch.autograd.profiler.record_function(f"{self._mark}{self._runs - 1}"):
             yield
 
     def _found(self, events: list[tuple[str, int, int]]) -> list[str]:

@@ -313,8 +313,8 @@ def run_many(fn: Any, runs: Sequence[Run]) -> list[Observed]:
 @procedure
 def _run_many(fn: Any, runs: list[Any]) -> list[Any]:
     """Each run; those asked to be watched, of a Function, under one watch."""
-    watched = [len(r) > 4 and bool(r[4]) and isinstance(fn, type) and issubclass(fn, torch.autograd.Function)
-               for r in runs]
+    function = isinstance(fn, type) and issubclass(fn, torch.autograd.Function)
+    watched = [function and len(r) > 4 and bool(r[4]) for r in runs]
     if not any(watched):
         return [_probed(fn, *r[:4]) for r in runs]
     from .introspect import AutogradWatch
