@@ -87,6 +87,22 @@ def test_long_strings_travel_beside_a_small_header(pair):
     a.close(), b.close()
 
 
+def test_a_short_message_with_a_marker_like_string_still_lifts_it(pair):
+    """Only messages that may hold a string to lift are walked: one that starts with NUL,
+    alone in a short message, is still found."""
+    sender, receiver = pair
+    message = {"op": "answer", "value": ["\x00" + "0", {"k": "\x00"}], "\x00key": "x"}
+    sender.send(message)
+    assert receiver.receive(timeout=5)[0] == message
+
+
+def test_many_shallow_brackets_are_not_too_deep(pair):
+    sender, receiver = pair
+    message = {"op": "answer", "value": [[k] for k in range(500)]}
+    sender.send(message)
+    assert receiver.receive(timeout=5)[0] == message
+
+
 def _frame(header: bytes) -> bytes:
     return struct.pack(">I", len(header)) + header
 
@@ -134,11 +150,12 @@ def test_a_header_is_refused_before_it_is_parsed():
     a.close(), b.close()
 
 
-@pytest.mark.parametrize("marker", ["\\u00009", "\\u0000\u00b2", "\\u0000" + "9" * 5000],
-                         ids=["missing", "unicode digit", "huge index"])
-def test_a_text_marker_must_name_a_text_buffer(pair, marker):
+@pytest.mark.parametrize("marker,texts", [("\\u00009", "[1]"), ("\\u0000\u00b2", "[1]"), ("\\u0000" + "9" * 5000, "[1]"),
+                                          ("\\u00000", "[]")],
+                         ids=["missing", "unicode digit", "huge index", "no text buffers at all"])
+def test_a_text_marker_must_name_a_text_buffer(pair, marker, texts):
     sender, receiver = pair
-    sender.sock.sendall(_frame(('{"buffers":[],"texts":[1],"x":"' + marker + '"}').encode()) + b"a")
+    sender.sock.sendall(_frame(('{"buffers":[],"texts":' + texts + ',"x":"' + marker + '"}').encode()) + b"a")
     with pytest.raises(ProtocolError):
         receiver.receive(timeout=5)
 
@@ -164,3 +181,18 @@ def test_a_payload_cannot_make_the_receiver_allocate_what_it_chooses():
         wire.decode(many, [])
     fits = wire.decode({"__meta__": [4, 5], "dtype": "float32", "grad": True}, [])
     assert fits.shape == (4, 5) and fits.device.type == "meta" and fits.requires_grad
+
+
+@pytest.mark.parametrize("dtype", list(wire.DTYPES.values()), ids=list(wire.DTYPES))
+def test_every_accepted_dtype_travels_as_it_reads(dtype):
+    """Views, transposes, empty tensors, 0-d ones and lazily conjugated or negated ones
+    arrive with the values they read as (bfloat16 has no NumPy type: its bits travel)."""
+    import torch
+
+    x = (torch.arange(60, dtype=torch.float64).reshape(3, 4, 5) - 30).to(dtype)
+    views = [x, x.transpose(0, 2), x[:, 1:, ::2], x.expand(2, 3, 4, 5), x[0, 0, 0], x[:0]]
+    if dtype.is_complex:
+        views += [x.conj(), x.conj().imag]
+    for view in views:
+        structure, buffers = wire.encode(view)
+        assert torch.equal(wire.decode(structure, buffers), view.resolve_conj().resolve_neg())

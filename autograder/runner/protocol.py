@@ -69,9 +69,12 @@ class Channel:
     def send(self, message: dict[str, Any], buffers: Sequence[bytes] = (), fds: Sequence[int] = ()) -> None:
         """Raises ChannelClosed when the other side is gone."""
         texts: list[bytes] = []
-        lifted = _lift(message, texts)
-        header = json.dumps({**lifted, "buffers": [len(b) for b in buffers], "texts": [len(t) for t in texts]},
-                            separators=(",", ":")).encode()
+        lengths = [len(b) for b in buffers]
+        header = json.dumps({**message, "buffers": lengths, "texts": texts}, separators=(",", ":")).encode()
+        if _MARKED.search(header) or _LONG.search(header):  # (most messages have no string to lift)
+            lifted = _lift(message, texts)
+            header = json.dumps({**lifted, "buffers": lengths, "texts": [len(t) for t in texts]},
+                                separators=(",", ":")).encode()
         frame = b"".join([_LENGTH.pack(len(header)), header, *buffers, *texts])
         try:
             if fds:
@@ -92,7 +95,8 @@ class Channel:
         (size,) = _LENGTH.unpack(self._read(_LENGTH.size, fds))
         if size > min(self.limit, MAX_HEADER):
             raise Undecodable(f"a message header of {size} bytes, more than the limit of {min(self.limit, MAX_HEADER)}")
-        message = _parse(self._read(size, fds))
+        header = self._read(size, fds)
+        message = _parse(header)
         lengths = message.pop("buffers", None) if isinstance(message, dict) else None
         text_lengths = message.pop("texts", []) if isinstance(message, dict) else None
         if not isinstance(message, dict) or not _lengths(lengths) or not _lengths(text_lengths):
@@ -102,7 +106,7 @@ class Channel:
                                 f"limit of {self.limit}")
         buffers = [self._read(n, fds) for n in lengths]
         texts = [self._read(n, fds) for n in text_lengths]
-        return _restore(message, texts), buffers, fds
+        return (_restore(message, texts) if texts or _MARKED.search(header) else message), buffers, fds
 
     def _read(self, n: int, fds: list[int]) -> bytearray:
         data = bytearray()
@@ -131,7 +135,7 @@ def _parse(data: bytes | bytearray) -> Any:
     values = sum(data.count(separator) for separator in (b",", b":", b"[", b"{"))
     if values > MAX_VALUES:
         raise Undecodable(f"a message header of more than {MAX_VALUES} values")
-    if _depth(data) > MAX_DEPTH:
+    if data.count(b"[") + data.count(b"{") > MAX_DEPTH and _depth(data) > MAX_DEPTH:  # (fewer cannot nest deeper)
         raise Undecodable(f"a message nested more than {MAX_DEPTH} deep")
     try:
         return json.loads(data)
@@ -144,6 +148,11 @@ def _parse(data: bytes | bytearray) -> Any:
 
 
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+# What a JSON header holds if a string in it travels as a text buffer: a string that starts
+# with NUL (json writes NUL as \u0000), or one of TEXT characters or more (each character is
+# one or more in JSON). Either may match elsewhere too (then the message is walked for nothing).
+_MARKED = re.compile(rb'"\\u0000')
+_LONG = re.compile(rb'"(?:[^"\\]|\\.){%d}' % TEXT)
 _BRACKET = re.compile(rb"[\[\]{}]")
 
 

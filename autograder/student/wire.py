@@ -22,6 +22,7 @@ DTYPES = {
     for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
                   torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex128, torch.complex64)
 }
+NAMES = {dtype: name for name, dtype in DTYPES.items()}
 MAX_DEPTH = 32
 MAX_BYTES = 64 << 20  # bytes of tensors in one payload, counting a meta tensor's as if it had data
 MAX_TENSORS = 10_000
@@ -44,14 +45,13 @@ def encode(value: Any) -> tuple[Any, list[bytes]]:
         if isinstance(v, float):
             return v if v == v and abs(v) != float("inf") else {"__float__": repr(v)}
         if isinstance(v, torch.Tensor):
-            t = v.detach()
-            grad = bool(v.requires_grad)
-            if t.device.type == "meta":
-                return {"__meta__": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."), "grad": grad}
-            t = t.to("cpu").contiguous()
-            buffers.append(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-            return {"__tensor__": len(buffers) - 1, "dtype": str(t.dtype).removeprefix("torch."),
-                    "shape": list(t.shape), "grad": grad, "device": v.device.type}
+            device, dtype = v.device.type, _name(v.dtype)
+            if device == "meta":
+                return {"__meta__": list(v.shape), "dtype": dtype, "grad": v.requires_grad}
+            t = v.detach() if device == "cpu" else v.detach().to("cpu")
+            buffers.append(_bytes(t) if t.numel() else b"")
+            return {"__tensor__": len(buffers) - 1, "dtype": dtype, "shape": list(t.shape), "grad": v.requires_grad,
+                    "device": device}
         if isinstance(v, tuple):
             return {"__tuple__": [walk(x, depth + 1) for x in v]}
         if isinstance(v, list):
@@ -67,6 +67,17 @@ def encode(value: Any) -> tuple[Any, list[bytes]]:
         raise WireError(f"{type(v).__name__} cannot be sent (plain data and tensors only)")
 
     return walk(value, 0), buffers
+
+
+def _name(dtype: torch.dtype) -> str:
+    return NAMES.get(dtype) or str(dtype).removeprefix("torch.")  # (a dtype not in DTYPES is refused when read)
+
+
+def _bytes(t: torch.Tensor) -> bytes:
+    """A CPU tensor's elements in order, as bytes (NumPy has no bfloat16: its bits as int16)."""
+    if t.dtype is torch.bfloat16:
+        t = t.view(torch.int16)
+    return t.numpy(force=t.is_conj() or t.is_neg()).tobytes()
 
 
 def decode(structure: Any, buffers: Sequence[bytes | bytearray], *, references: bool = False) -> Any:
