@@ -139,9 +139,15 @@ def test_workers_preload_what_the_notebooks_import_and_stay_single_threaded():
         imported_only = pool.workers[0].run(probe, Limits(timeout=60))
         pool.preload(modules, compiles=True)
         compiled = pool.workers[0].run(probe, Limits(timeout=60))
+        compiling = pool.workers[0].run(Program([(0, "compile", (
+            "import torch, torch._dynamo.guards as guards\n"
+            "f = torch.compile(lambda t: (t * 2).sum(), backend='aot_eager', fullgraph=True)\n"
+            "(float(f(torch.ones(3))), guards.profile_guard_manager(None, None, 1))"))]), Limits(timeout=60))
     assert before.cells[0].outputs[0]["data"]["text/plain"] == "(False, False, 1)"
     assert imported_only.cells[0].outputs[0]["data"]["text/plain"] == "(True, False, 1)"
     assert compiled.cells[0].outputs[0]["data"]["text/plain"] == "(True, True, 1)"
+    # A child compiles as usual, without timing each graph's guards (a metric nothing reads).
+    assert compiling.cells[0].outputs[0]["data"]["text/plain"] == "(6.0, 0.0)", compiling.cells[0].outputs
 
 
 def test_the_workers_compile_once_for_the_notebooks_that_compile():
