@@ -150,8 +150,8 @@ def test_a_header_is_refused_before_it_is_parsed():
     a.close(), b.close()
 
 
-@pytest.mark.parametrize("marker,texts", [("\\u00009", "[1]"), ("\\u0000\u00b2", "[1]"), ("\\u0000" + "9" * 5000, "[1]"),
-                                          ("\\u00000", "[]")],
+@pytest.mark.parametrize("marker,texts", [("\\u00009", "[1]"), ("\\u0000\u00b2", "[1]"),
+                                          ("\\u0000" + "9" * 5000, "[1]"), ("\\u00000", "[]")],
                          ids=["missing", "unicode digit", "huge index", "no text buffers at all"])
 def test_a_text_marker_must_name_a_text_buffer(pair, marker, texts):
     sender, receiver = pair
