@@ -13,7 +13,6 @@ import torch
 from autograder import authoring
 from autograder.checks.remote import Remote, loopback
 from autograder.exercises import real_world as rw
-from autograder.student import probe
 from autograder.student import real_world as student_side
 from autograder.student.report import CheckFailed
 
@@ -484,28 +483,17 @@ def test_classifier_raising_constructor():
     assert "raised NotImplementedError" in message and "not implemented yet" in message
 
 
-def test_the_swish_stand_in_needs_a_check_to_answer():
-    with pytest.raises(probe.NobodyToAsk):
-        student_side.SwishStandIn.apply(torch.ones(2), torch.ones(2))
-
-
-@pytest.mark.parametrize("question", [
-    None, "swish", {"op": "exec"}, {"op": "swish", "x": [1.0], "beta": torch.ones(1)},
-    {"op": "swish", "x": torch.ones(2), "beta": torch.ones(3)},
-    {"op": "swish backward", "x": torch.ones(2), "beta": torch.ones(2), "grad": torch.ones(3)},
-    {"op": "swish", "x": torch.ones(2, dtype=torch.int64), "beta": torch.ones(2)},
-])
-def test_the_judging_side_refuses_malformed_questions(question):
-    with pytest.raises(ValueError):
-        rw.answer_swish(question)
-
-
-def test_the_judging_sides_answers_are_swish_and_its_gradients():
-    x, beta, g = torch.randn(4, 3, dtype=torch.float64), torch.rand(3, dtype=torch.float64), torch.randn(4, 3,
-                                                                                                         dtype=torch.float64)
-    assert torch.allclose(rw.answer_swish({"op": "swish", "x": x, "beta": beta}), x * torch.sigmoid(beta * x))
-    grad_x, grad_beta = rw.answer_swish({"op": "swish backward", "x": x, "beta": beta, "grad": g})
-    assert grad_x.shape == x.shape and grad_beta.shape == beta.shape
+def test_the_swish_stand_in_is_the_composite_and_its_gradients():
+    """What the classifier trains with in the student's process: x·σ(βx), a β that
+    broadcasts, gradients for both (float64, gradcheck), and β of another dtype."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    beta = torch.rand(3, dtype=torch.float64, generator=g, requires_grad=True)
+    assert torch.equal(student_side.SwishStandIn.apply(x, beta), x * torch.sigmoid(beta * x))
+    assert torch.autograd.gradcheck(student_side.SwishStandIn.apply, (x, beta))
+    half = beta.detach().float().requires_grad_()
+    student_side.SwishStandIn.apply(x, half).sum().backward()
+    assert half.grad is not None and half.grad.dtype == torch.float32 and half.grad.shape == (3,)
 
 
 def test_spirals_are_balanced_and_seeded():

@@ -510,32 +510,6 @@ def _valid(tensor: Any, shape: tuple | None = None) -> bool:
         shape is None or tuple(tensor.shape) == tuple(shape))
 
 
-def _broadcasts_to(shape: torch.Size, target: torch.Size) -> bool:
-    try:
-        return torch.broadcast_shapes(shape, target) == target
-    except RuntimeError:
-        return False
-
-
-def answer_swish(question: Any) -> Any:
-    """The judging side's answers to the Swish stand-in (untrusted questions)."""
-    if not isinstance(question, dict) or question.get("op") not in ("swish", "swish backward"):
-        raise ValueError("not a question about Swish")
-    x, beta = question.get("x"), question.get("beta")
-    if not (_valid(x) and _valid(beta)) or not _broadcasts_to(beta.shape, x.shape):
-        raise ValueError("malformed Swish question")
-    x, beta = x.detach(), beta.detach().to(x.dtype)
-    if question["op"] == "swish":
-        with torch.no_grad():
-            return _swish(x, beta)
-    grad = question.get("grad")
-    if not _valid(grad, x.shape):
-        raise ValueError("malformed Swish question")
-    with torch.enable_grad():
-        x, beta = x.clone().requires_grad_(), beta.clone().requires_grad_()
-        return list(torch.autograd.grad(_swish(x, beta), (x, beta), grad.to(x.dtype)))
-
-
 def check_classifier(student: Any, *, seed: int | None = 0) -> None:
     """SwishClassifier(n_in, hidden, classes): trained by the check, it must reach TARGET."""
     __tracebackhide__ = True
@@ -543,7 +517,7 @@ def check_classifier(student: Any, *, seed: int | None = 0) -> None:
     x, y = spirals(generator)
     init = int(torch.randint(0, 2**31 - 1, (), generator=generator))
     settings = {"hidden": HIDDEN, "classes": CLASSES, "steps": STEPS, "lr": LR, "seed": init}
-    with quiet(), probe.answering(answer_swish):
+    with quiet():
         result = probe.invoke(real_world.train_classifier, student, x, y, settings)
     if not isinstance(result, dict) or "error" not in result:
         raise probe.Malformed("malformed training report")

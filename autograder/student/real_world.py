@@ -4,8 +4,8 @@ While the classifier is graded, the names `Swish` and `LogSumExp` of the student
 stand for the course's stand-ins, so that the model is graded independently of exercises
 9.1 and 9.2 (which grade the student's own Functions):
 
-- `SwishStandIn` is a Function whose values and gradients are computed by the judging
-  side (:func:`probe.ask`): nothing of the exercise's answer is in this file;
+- `SwishStandIn` is x·σ(βx), as the notebook defines Swish, differentiated by autograd:
+  nothing of the exercise's answer (its backward formula) is in this file;
 - `LogSumExpStandIn` is torch's own `torch.logsumexp`, counted.
 
 Both record how the model called them (best effort: the student's process reports it).
@@ -37,16 +37,13 @@ class _Calls:
 _calls: _Calls | None = None
 
 
-def _asked(question: dict[str, Any], like: torch.Tensor) -> torch.Tensor:
-    answer = probe.ask(question)
-    if not isinstance(answer, torch.Tensor) or answer.shape != like.shape:
-        raise probe.Malformed("the judging side answered with no tensor of the expected shape")
-    return answer.to(dtype=like.dtype, device=like.device)
+def _swish(x: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(beta * x)  # Swish as the notebook defines it
 
 
 class SwishStandIn(torch.autograd.Function):
-    """Stands in for the notebook's Swish(x, beta) while the classifier is graded; its
-    values and gradients come from the judging side."""
+    """Stands in for the notebook's Swish(x, beta) while the classifier is graded: the
+    composite's values, and its gradients as autograd finds them."""
 
     @staticmethod
     def forward(ctx: Any, x: Any, beta: Any) -> Any:
@@ -54,20 +51,15 @@ class SwishStandIn(torch.autograd.Function):
             _calls.swish += 1
             _calls.betas.append(beta)
         ctx.save_for_backward(x, beta)
-        return _asked({"op": "swish", "x": x.detach(), "beta": beta.detach()}, x)
+        return _swish(x, beta.to(x.dtype))
 
     @staticmethod
     def backward(ctx: Any, grad_output: Any) -> Any:
         x, beta = ctx.saved_tensors
-        question = {"op": "swish backward", "x": x.detach(), "beta": beta.detach(), "grad": grad_output.detach()}
-        answer = probe.ask(question)
-        if not isinstance(answer, (list, tuple)) or len(answer) != 2:
-            raise probe.Malformed("the judging side answered with no pair of gradients")
-        grad_x, grad_beta = answer
-        for grad, like in ((grad_x, x), (grad_beta, beta)):
-            if not isinstance(grad, torch.Tensor) or grad.shape != like.shape:
-                raise probe.Malformed("the judging side answered with a gradient of the wrong shape")
-        return grad_x.to(x.dtype), grad_beta.to(beta.dtype)
+        with torch.enable_grad():
+            x, cast = x.detach().requires_grad_(), beta.detach().to(x.dtype).requires_grad_()
+            grad_x, grad_beta = torch.autograd.grad(_swish(x, cast), (x, cast), grad_output.to(x.dtype))
+        return grad_x, grad_beta.to(beta.dtype)
 
 
 class LogSumExpStandIn:
