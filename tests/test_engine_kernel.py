@@ -118,10 +118,11 @@ def test_cut_output_keeps_what_scores(ran):
 
 
 def test_workers_preload_what_the_notebooks_import_and_stay_single_threaded():
-    """Preloaded once in the warm worker, a module is already there for every notebook, and
-    so is the compiler's machinery once it has compiled; the worker, which forks, still runs
-    one thread after importing what all of the course's notebooks import and compiling. (The
-    marker of compiling: a module of the compiler that no notebook imports itself.)"""
+    """Preloaded once in the warm worker, a module is already there for every notebook (with
+    what a module of the course names in PRELOAD), and so is the compiler's machinery once it
+    has compiled; the worker, which forks, still runs one thread after importing what all of
+    the course's notebooks import and compiling. (The marker of compiling: a module of the
+    compiler that no notebook imports itself.)"""
     root = Path(__file__).resolve().parent.parent
     modules = list(dict.fromkeys(
         name for notebook in sorted((root / "course").glob("*/*.ipynb"))
@@ -135,6 +136,8 @@ def test_workers_preload_what_the_notebooks_import_and_stay_single_threaded():
                       "len(os.listdir(f'/proc/{os.getppid()}/task')))")])
     with Pool(1, sandbox.detect(True, root), root, Limits(timeout=60)) as pool:
         before = pool.workers[0].run(probe, Limits(timeout=60))
+        pool.preload(["autograder.student.gradient_patterns"])  # whose pictures import pyplot when drawn
+        named = pool.workers[0].run(probe, Limits(timeout=60))
         pool.preload(modules)
         imported_only = pool.workers[0].run(probe, Limits(timeout=60))
         pool.preload(modules, compiles=True)
@@ -144,6 +147,7 @@ def test_workers_preload_what_the_notebooks_import_and_stay_single_threaded():
             "f = torch.compile(lambda t: (t * 2).sum(), backend='aot_eager', fullgraph=True)\n"
             "(float(f(torch.ones(3))), guards.profile_guard_manager(None, None, 1))"))]), Limits(timeout=60))
     assert before.cells[0].outputs[0]["data"]["text/plain"] == "(False, False, 1)"
+    assert named.cells[0].outputs[0]["data"]["text/plain"] == "(True, False, 1)"
     assert imported_only.cells[0].outputs[0]["data"]["text/plain"] == "(True, False, 1)"
     assert compiled.cells[0].outputs[0]["data"]["text/plain"] == "(True, True, 1)"
     # A child compiles as usual, without timing each graph's guards (a metric nothing reads).

@@ -114,10 +114,15 @@ def preload(modules: list[str], compiles: bool) -> None:
     and compile once if they call torch.compile.
 
     The names come from the instructor's notebooks; their imports must start no threads
-    (this process forks)."""
+    (this process forks). A module of the course's student package may name in `PRELOAD`
+    what its functions import when called: that too."""
+    import autograder.student
+
     for name in modules:
         try:
-            importlib.import_module(name)
+            module = importlib.import_module(name)
+            for later in getattr(module, "PRELOAD", ()) if name.startswith(autograder.student.__name__ + ".") else ():
+                importlib.import_module(later)
         except Exception:  # the notebook meets the same error in its own process, and reports it
             pass
     if compiles:
