@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,6 +16,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from autograder.grader.pool import Worker, WorkerError
+from autograder.grader.records import Run
+from autograder.isolation import sandbox
+from autograder.isolation.limits import Limits
+from autograder.runner.protocol import Channel
 from engine_course import clone, grade, run_state, solutions
 from grading import Course
 
@@ -125,6 +131,19 @@ def test_a_worker_killed_mid_notebook_is_replaced_and_the_notebook_graded_once(c
     assert killed == 2
     assert run_state(course, SLUG) == run_state(clean, SLUG)
 
+
+
+def test_a_worker_whose_channel_closed_has_died_though_its_sandbox_is_still_exiting(tmp_path):
+    """A killed worker's channel closes before bubblewrap's processes above it exit: the
+    notebook is run again, not failed as one that "did not exit"."""
+    worker = Worker(sandbox.Isolation(None, 0, "none"), tmp_path, tmp_path, 0)
+    ours, theirs = socket.socketpair()
+    theirs.close()
+    worker.control = Channel(ours)
+    worker.process = subprocess.Popen(["sleep", "60"], start_new_session=True)  # the sandbox, still exiting
+    with pytest.raises(WorkerError, match="died"):
+        worker._finish(Run(), time.monotonic(), Limits(), explain_exit=False)
+    assert worker.process is None
 
 def _is_notebook(process: psutil.Process) -> bool:
     """A notebook's child: forked from a warm worker (the same Python command line; bubblewrap's

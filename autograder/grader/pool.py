@@ -241,8 +241,10 @@ class Worker:
         through no doing of its own, and is run again elsewhere."""
         try:
             report, _, _ = self.control.receive(timeout=GRACE)
-        except (TimeoutError, ProtocolError):
-            died = self.process is not None and self.process.poll() is not None
+        except (TimeoutError, ProtocolError) as error:
+            # Only the worker holds the other end, so a closed channel is a worker that ended,
+            # even while its sandbox's processes are still exiting (poll() then says running).
+            died = isinstance(error, ChannelClosed) or (self.process is not None and self.process.poll() is not None)
             self.kill()
             if died:
                 raise WorkerError("the worker died while it ran the notebook") from None
