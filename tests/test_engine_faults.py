@@ -4,19 +4,21 @@ run again. In the end the gradebook, autograded/ and grades.csv are those of a c
 nothing lost, nothing half-saved, nothing graded twice."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from autograder.grader.pool import Worker, WorkerError
+from autograder.grader.pool import Pool, Worker, WorkerError
 from autograder.grader.records import Run
 from autograder.isolation import sandbox
 from autograder.isolation.limits import Limits
@@ -144,6 +146,21 @@ def test_a_worker_whose_channel_closed_has_died_though_its_sandbox_is_still_exit
     with pytest.raises(WorkerError, match="died"):
         worker._finish(Run(), time.monotonic(), Limits(), explain_exit=False)
     assert worker.process is None
+
+
+def test_closing_the_pool_does_not_wait_for_a_worker_still_warming_up(monkeypatch, tmp_path):
+    """When every notebook has run before a worker is ready (a class of one), the pool closes
+    at once: the worker still warming up is killed, not waited for (up to its start-up limit)."""
+    real = sandbox.launch
+    monkeypatch.setattr(sandbox, "launch", lambda *args: dataclasses.replace(real(*args), argv=["sleep", "600"]))
+    pool = Pool(1, sandbox.Isolation(None, 0, "none"), tmp_path, Limits())
+    while not pool._warming:  # (its thread has started it)
+        time.sleep(0.01)
+    closing = threading.Thread(target=pool.close)
+    closing.start()
+    closing.join(timeout=60)  # a hang detector: without the kill, close waits 300 s
+    assert not closing.is_alive()
+    assert pool.workers[0].process is None and not pool.workers[0].ready
 
 def _is_notebook(process: psutil.Process) -> bool:
     """A notebook's child: forked from a warm worker (the same Python command line; bubblewrap's

@@ -1,6 +1,7 @@
 """Cells run in the engine's children behave as in Jupyter, and score as in nbgrader."""
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from nbgrader.utils import determine_grade
 
 from autograder.grader.pool import Pool
 from autograder.grader.prepare import compiles
-from autograder.grader.records import Program
+from autograder.grader.records import Program, Run
 from autograder.grader.scan import imported
 from autograder.isolation import sandbox
 from autograder.isolation.limits import Limits
@@ -119,8 +120,9 @@ def test_cut_output_keeps_what_scores(ran):
 
 def test_workers_preload_what_the_notebooks_import_and_stay_single_threaded():
     """Preloaded once in the warm worker, a module is already there for every notebook (with
-    what a module of the course names in PRELOAD), and so is the compiler's machinery once it
-    has compiled; the worker, which forks, still runs one thread after importing what all of
+    what a module of the course names in PRELOAD), and so is the compiler's machinery from the
+    first notebook that compiles on (not before it, unless the first notebooks compile: a
+    second pool). The worker, which forks, still runs one thread after importing what all of
     the course's notebooks import and compiling. (The marker of compiling: a module of the
     compiler that no notebook imports itself.)"""
     root = Path(__file__).resolve().parent.parent
@@ -135,24 +137,36 @@ def test_workers_preload_what_the_notebooks_import_and_stay_single_threaded():
                       "'torch._inductor.scheduler' in sys.modules, "
                       "len(os.listdir(f'/proc/{os.getppid()}/task')))")])
     with Pool(1, sandbox.detect(True, root), root, Limits(timeout=60)) as pool:
-        before = pool.workers[0].run(probe, Limits(timeout=60))
+        before = _run(pool, probe)
         pool.preload(["autograder.student.gradient_patterns"])  # whose pictures import pyplot when drawn
-        named = pool.workers[0].run(probe, Limits(timeout=60))
-        pool.preload(modules)
-        imported_only = pool.workers[0].run(probe, Limits(timeout=60))
+        named = _run(pool, probe)
         pool.preload(modules, compiles=True)
-        compiled = pool.workers[0].run(probe, Limits(timeout=60))
-        compiling = pool.workers[0].run(Program([(0, "compile", (
+        imported_only = _run(pool, probe)
+        compiled = _run(pool, dataclasses.replace(probe, compiles=True))
+        after = _run(pool, probe)
+    with Pool(1, sandbox.detect(True, root), root, Limits(timeout=60)) as pool:
+        pool.preload([], compiles=True, first_compile=True)
+        at_once = _run(pool, probe)
+        compiling = _run(pool, Program([(0, "compile", (
             "import torch, torch._dynamo.guards as guards\n"
             "f = torch.compile(lambda t: (t * 2).sum(), backend='aot_eager', fullgraph=True)\n"
-            "(float(f(torch.ones(3))), guards.profile_guard_manager(None, None, 1))"))]), Limits(timeout=60))
+            "(float(f(torch.ones(3))), guards.profile_guard_manager(None, None, 1))"))]))
     assert before.cells[0].outputs[0]["data"]["text/plain"] == "(False, False, 1)"
     assert named.cells[0].outputs[0]["data"]["text/plain"] == "(True, False, 1)"
     assert imported_only.cells[0].outputs[0]["data"]["text/plain"] == "(True, False, 1)"
     assert compiled.cells[0].outputs[0]["data"]["text/plain"] == "(True, True, 1)"
+    assert after.cells[0].outputs[0]["data"]["text/plain"] == "(True, True, 1)"
+    assert at_once.cells[0].outputs[0]["data"]["text/plain"] == "(False, True, 1)"
     # A child compiles as usual, without timing each graph's guards (a metric nothing reads).
     assert compiling.cells[0].outputs[0]["data"]["text/plain"] == "(6.0, 0.0)", compiling.cells[0].outputs
 
+
+
+def _run(pool: Pool, program: Program) -> Run:
+    """Run through the pool's own thread (which owns the worker while it warms up)."""
+    pool.submit("one", [program])
+    _, (run,) = pool.result()
+    return run
 
 def test_the_workers_compile_once_for_the_notebooks_that_compile():
     root = Path(__file__).resolve().parent.parent

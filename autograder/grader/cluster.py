@@ -99,8 +99,9 @@ class Grading(WorkerPlugin):
     idempotent = False
     error: BaseException | None  # why the pool could not start (set up in `setup`)
 
-    def __init__(self, root: str, sandboxed: bool, limits: Limits, modules: list[str], compiles: bool,
+    def __init__(self, root: str, sandboxed: bool, limits: Limits, modules: list[str], compiles: tuple[bool, bool],
                  expected: dict[str, str], topic: str) -> None:
+        """`compiles`: whether some notebooks call torch.compile, and whether the first do (Pool.preload)."""
         self.root, self.sandboxed, self.limits, self.modules, self.compiles = root, sandboxed, limits, modules, compiles
         self.expected, self.topic = expected, topic
 
@@ -126,13 +127,10 @@ class Grading(WorkerPlugin):
         self.thread.start()
 
     def _serve(self) -> None:
-        from .verdicts import warm  # torch and the checks: this Dask worker judges
-
         try:
             slots = self._take_slots()
             self.pool = Pool(self.jobs, self.isolation, Path(self.root), self.limits, slots=slots)
-            self.pool.preload(self.modules, self.compiles)
-            warm(self.modules, self.compiles)
+            self.pool.preload(self.modules, *self.compiles)
         except BaseException as error:  # noqa: BLE001 - told to every task, which fails over to another worker
             self.error = error
             self.ready.set()
@@ -226,7 +224,7 @@ def _program(plain: dict[str, Any]) -> Program:
 
     judge = Judge({int(index): cell for index, cell in plain["tests"].items()},
                   {int(index): int(seed) for index, seed in plain["seeds"].items()})
-    return Program([tuple(cell) for cell in plain["cells"]], dict(plain["files"]), judge)
+    return Program([tuple(cell) for cell in plain["cells"]], dict(plain["files"]), judge, bool(plain["compiles"]))
 
 
 def _plain(run: Run) -> dict[str, Any]:
@@ -244,6 +242,7 @@ def plain_program(program: Program) -> dict[str, Any]:
         "tests": {index: {"source": str(cell["source"]), "metadata": {"nbgrader": dict(cell["metadata"]["nbgrader"])}}
                   for index, cell in tests.items()},
         "seeds": dict(program.judge.seeds) if program.judge is not None else {},
+        "compiles": program.compiles,
     }
 
 
@@ -325,10 +324,10 @@ class ClusterPool:
             self._size, self._looked = sum(self._threads().values()), time.monotonic()
         return max(self._size, 1)
 
-    def preload(self, modules: list[str], compiles: bool = False) -> None:
+    def preload(self, modules: list[str], compiles: bool = False, first_compile: bool = False) -> None:
         """Start the grading pool on every Dask worker (and on those that join later)."""
-        plugin = Grading(str(self.options.root), self.options.sandbox, self.options.limits, modules, compiles,
-                         fingerprint(), self.topic)
+        plugin = Grading(str(self.options.root), self.options.sandbox, self.options.limits, modules,
+                         (compiles, first_compile), fingerprint(), self.topic)
         assert self.client is not None  # (open)
         try:
             self.client.register_plugin(plugin, name=self.plugin)

@@ -28,7 +28,7 @@ from .pool import Workers
 from .preflight import FAILED, GradingError
 from .prepare import Prepared, Preparer, Rejected
 from .records import Options, Program, Run
-from .verdicts import Judge, warm
+from .verdicts import Judge
 from .writer import Writer
 
 REPORTS = "reports"  # per-assignment plots and status files, in the course root
@@ -64,8 +64,7 @@ def _grade_submissions(options: Options, config: Config, pool: Workers, console:
                 closing(Writer(coursedir, config)) as writer:
             notebooks = {s.assignment: known[s.assignment] for s in todo}
             modules, compiles = preparer.imports(notebooks), preparer.compiles(notebooks)
-            pool.preload(modules, compiles)
-            warm(modules, compiles)
+            pool.preload(modules, compiles, preparer.compiles({todo[0].assignment: known[todo[0].assignment]}))
             outcomes = _grade_all(todo, known, pool, preparer, writer, console, options.limits, key)
     pool.close()  # the workers' memory and CPU go to what follows
     progress.phase("writing grades.csv, grades-lms.csv and the plots ...")
@@ -140,7 +139,8 @@ def _grade_all(todo: list[discover.Submission], known: dict[str, set[str]], pool
                 pool.submit(submission.key, [
                     Program(p.code_cells(), submission.contents,
                             Judge.of(p.nb.cells,
-                                     functools.partial(inputs.cell_seed, course_key, submission.assignment, p.name)))
+                                     functools.partial(inputs.cell_seed, course_key, submission.assignment, p.name)),
+                            preparer.compiles({submission.assignment: {p.name}}))
                     for p in items
                     if not isinstance(p, results.NotebookResult)
                 ])

@@ -54,7 +54,7 @@ class Worker:
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.modules: list[str] = []  # to preload, also after a restart
-        self.compiles = False
+        self.compiles = False  # and whether to compile once on starting
         # The pool's thread starts it while the grader's asks it to preload: one at a time.
         self.starting = threading.RLock()
 
@@ -108,10 +108,11 @@ class Worker:
         return self.log.read()[-2000:].decode("utf-8", "replace")
 
     def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-        self.process = None
+        with self.starting:  # (also from the thread that closes the pool)
+            if self.process is not None and self.process.poll() is None:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+            self.process = None
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -132,7 +133,8 @@ class Worker:
         deadline = started + limits.timeout
         try:
             self.control.send(
-                {"op": "run", "limits": limits.to_message(), "files": list(program.files)},
+                {"op": "run", "limits": limits.to_message(), "files": list(program.files),
+                 "compiles": program.compiles},
                 buffers=list(program.files.values()), fds=[theirs.fileno()],
             )
         except OSError as error:  # (ChannelClosed included)
@@ -284,7 +286,7 @@ class Workers(Protocol):
 
     @property
     def size(self) -> int: ...
-    def preload(self, modules: list[str], compiles: bool = False) -> None: ...
+    def preload(self, modules: list[str], compiles: bool = False, first_compile: bool = False) -> None: ...
     def submit(self, key: str, programs: list[Program]) -> None: ...
     def result(self) -> tuple[str, list[Run]]: ...
     def running(self) -> dict[str, float]: ...
@@ -313,6 +315,10 @@ class Pool:
         self.done: queue.Queue[Any] = queue.Queue()
         self._running: dict[Any, float] = {}
         self.workers, self.threads = [], []
+        # Workers still warming up for their first notebook: closing does not wait for them.
+        self._warming: set[Worker] = set()
+        self._closing = False
+        self._lock = threading.Lock()
         warming = threading.Semaphore(max(cores() - 1, 1))
         for k in range(jobs):
             directory = self.runtime / f"worker-{k}"
@@ -327,11 +333,16 @@ class Pool:
     def size(self) -> int:
         return len(self.workers)
 
-    def preload(self, modules: list[str], compiles: bool = False) -> None:
-        """Have every worker import `modules`, and compile once if `compiles`, before its first
-        notebook (call before `submit`)."""
+    def preload(self, modules: list[str], compiles: bool = False, first_compile: bool = False) -> None:
+        """Have every worker import `modules` before its first notebook, and warm this process,
+        which judges, for them and for torch.compile if some notebooks call it (`compiles`);
+        call before `submit`. The workers compile once before the first notebook that
+        compiles, or at once if the first notebooks do (`first_compile`)."""
+        from .verdicts import warm  # torch: the grader loads it only now, while the workers warm up
+
         for worker in self.workers:
-            worker.preload(modules, compiles)
+            worker.preload(modules, first_compile)
+        warm(modules, compiles)
 
     def submit(self, key: Any, programs: list[Program]) -> None:
         self.todo.put((key, programs))
@@ -346,11 +357,18 @@ class Pool:
 
     def _serve(self, worker: Worker, warming: threading.Semaphore) -> None:
         with warming:
+            with self._lock:
+                if self._closing:  # every notebook was run before this worker's turn to warm up
+                    return
+                self._warming.add(worker)
             try:
                 worker.start()
                 worker.ensure_ready()
             except Exception:  # started again for its first notebook, which fails alone if it must (_run)
                 worker.kill()
+            finally:
+                with self._lock:
+                    self._warming.discard(worker)
         while (job := self.todo.get()) is not None:
             key, programs = job
             self._running[key] = time.monotonic()
@@ -377,6 +395,10 @@ class Pool:
     def close(self) -> None:
         if not self.threads:
             return
+        with self._lock:
+            self._closing = True
+            for worker in self._warming:  # not waited for: there is nothing left for it to run
+                worker.kill()
         for _ in self.threads:
             self.todo.put(None)
         for thread in self.threads:

@@ -40,6 +40,7 @@ class Program:
     cells: list[tuple[int, str, str]]  # (cell index in the notebook, label, source)
     files: dict[str, bytes] = field(default_factory=dict)
     judge: Judge | None = None
+    compiles: bool = False  # it calls torch.compile: its worker pays the compiler's start once, first
 
 
 @dataclass

@@ -4,13 +4,14 @@ passes from one submission to the next.
 
 Started by the grader as `python -I -m autograder.runner.zygote CONTROL_FD`, inside
 the sandbox. Control messages: the grader sends its configuration, then "preload" (the
-modules the notebooks to grade import, and whether they compile), "run" (with the child's
-channel as a passed descriptor) or "stop"; the worker answers "ready" once, then "exited"
-after each child, with its exit status and resource use. A "kill" during a run ends the child and
-everything it started.
+modules the notebooks to grade import, and whether to compile once now), "run" (with the
+child's channel as a passed descriptor, and whether the notebook compiles) or "stop"; the
+worker answers "ready" once, then "exited" after each child, with its exit status and
+resource use. A "kill" during a run ends the child and everything it started.
 """
 from __future__ import annotations
 
+import functools
 import gc
 import importlib
 import os
@@ -111,7 +112,7 @@ def main(control_fd: int) -> None:
 
 def preload(modules: list[str], compiles: bool) -> None:
     """Import, once for all children, what the notebooks import (matplotlib, torchviz, ...),
-    and compile once if they call torch.compile.
+    and compile once now if `compiles` (the first notebooks compile).
 
     The names come from the instructor's notebooks; their imports must start no threads
     (this process forks). A module of the course's student package may name in `PRELOAD`
@@ -131,9 +132,12 @@ def preload(modules: list[str], compiles: bool) -> None:
     gc.freeze()
 
 
+@functools.cache
 def _compile_once() -> None:
     """The first torch.compile of a process costs a second or more (dynamo, fake tensors,
-    AOTAutograd, sympy): pay it here, for a Function forward and backward as the notebooks do."""
+    AOTAutograd, sympy): pay it here, for a Function forward and backward as the notebooks do,
+    before the first notebook that compiles (at the start only if the first notebooks do:
+    otherwise it would hold up their verdicts, and a worker given none never pays it)."""
     import torch
 
     class Twice(torch.autograd.Function):
@@ -148,6 +152,8 @@ def _compile_once() -> None:
     x = torch.ones(2, requires_grad=True)
     torch.autograd.grad(torch.compile(lambda t: Twice.apply(t).sum(), backend="aot_eager", fullgraph=True)(x), x)  # type: ignore[no-untyped-call]
     torch._dynamo.reset()  # children start with nothing compiled
+    gc.collect()
+    gc.freeze()
 
 
 def _run(control: Channel, config: WorkerConfig, message: dict[str, Any], buffers: list[bytearray], fds: list[int],
@@ -155,6 +161,8 @@ def _run(control: Channel, config: WorkerConfig, message: dict[str, Any], buffer
     (channel_fd,) = fds
     limits = Limits.from_message(message["limits"])
     files = dict(zip(message["files"], buffers))
+    if message.get("compiles"):
+        _compile_once()
     pid = os.fork()
     if pid == 0:
         child.main(channel_fd, config, limits, files, shell)
