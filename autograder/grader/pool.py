@@ -358,7 +358,7 @@ class Pool:
     def _serve(self, worker: Worker, warming: threading.Semaphore) -> None:
         with warming:
             with self._lock:
-                if self._closing:  # every notebook was run before this worker's turn to warm up
+                if self._closing:  # closed before its turn to warm up: the others run what is left
                     return
                 self._warming.add(worker)
             try:
