@@ -4,6 +4,7 @@ run again. In the end the gradebook, autograded/ and grades.csv are those of a c
 nothing lost, nothing half-saved, nothing graded twice."""
 from __future__ import annotations
 
+import csv
 import dataclasses
 import os
 import random
@@ -131,7 +132,9 @@ def test_a_worker_killed_mid_notebook_is_replaced_and_the_notebook_graded_once(c
         time.sleep(0.02)
     assert grader.wait(timeout=300) == 0, grader.stderr.read()
     assert killed == 2
-    assert run_state(course, SLUG) == run_state(clean, SLUG)
+    status = course.root / "reports" / SLUG / "last-run.csv"
+    problems = [(r["student"], r["status"], r["problems"]) for r in csv.DictReader(status.open()) if r["problems"]]
+    assert run_state(course, SLUG) == run_state(clean, SLUG), problems
 
 
 
@@ -161,6 +164,18 @@ def test_closing_the_pool_does_not_wait_for_a_worker_still_warming_up(monkeypatc
     closing.join(timeout=60)  # a hang detector: without the kill, close waits 300 s
     assert not closing.is_alive()
     assert pool.workers[0].process is None and not pool.workers[0].ready
+
+
+def test_pools_running_at_once_run_their_notebooks_as_users_of_their_own(monkeypatch, tmp_path):
+    """A worker's notebooks run as a user of its own (its slot), and the process limit counts
+    per user across the machine: two grading runs at once (two courses, the Dask workers of a
+    machine) never share a slot."""
+    real = sandbox.launch
+    monkeypatch.setattr(sandbox, "launch", lambda *args: dataclasses.replace(real(*args), argv=["sleep", "600"]))
+    isolation = sandbox.Isolation(None, 0, "none")
+    with Pool(2, isolation, tmp_path, Limits()) as first, Pool(1, isolation, tmp_path, Limits()) as second:
+        taken = [w.slot for w in first.workers + second.workers]
+        assert len(set(taken)) == 3
 
 def _is_notebook(process: psutil.Process) -> bool:
     """A notebook's child: forked from a warm worker (the same Python command line; bubblewrap's

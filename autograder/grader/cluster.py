@@ -29,17 +29,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import dataclasses
-import fcntl
 import functools
 import hashlib
 import importlib.metadata
 import logging
-import os
 import socket
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -67,11 +63,6 @@ WORKERS = 120.0  # seconds to wait for a first Dask worker, and without any work
 RETRIES = 2  # of a task that raised (the grading plugin not ready on that worker): elsewhere, or once it is
 CHECK_EVERY = 5.0  # seconds between looks at the cluster while waiting for results
 PACKAGE = Path(autograder.__file__).resolve().parent
-# A sandboxed worker's notebooks run as the user FIRST_UID + its slot (sandbox.py), and the
-# process limit counts per user across the machine: the Dask workers of one machine take
-# slots of their own, each held with a lock file, above any local grader's (0 to cores - 1).
-FIRST_SLOT = 1000
-SLOTS = Path(tempfile.gettempdir()) / "autograder-slots"
 
 
 class DifferentVersion(Exception):
@@ -128,15 +119,13 @@ class Grading(WorkerPlugin):
 
     def _serve(self) -> None:
         try:
-            slots = self._take_slots()
-            self.pool = Pool(self.jobs, self.isolation, Path(self.root), self.limits, slots=slots)
+            self.pool = Pool(self.jobs, self.isolation, Path(self.root), self.limits)
             self.pool.preload(self.modules, *self.compiles)
         except BaseException as error:  # noqa: BLE001 - told to every task, which fails over to another worker
             self.error = error
             self.ready.set()
             if self.pool is not None:
                 self.pool.close()
-            self._release_slots()
             return
         self.ready.set()
         while (done := self.pool.result()) is not None:
@@ -146,29 +135,6 @@ class Grading(WorkerPlugin):
             if future is not None:
                 future.set_result(runs)
         self.pool.close()
-        self._release_slots()
-
-    def _take_slots(self) -> list[int]:
-        SLOTS.mkdir(mode=0o700, exist_ok=True)
-        self.slot_locks: list[int] = []
-        slots: list[int]
-        slots, slot = [], FIRST_SLOT
-        while len(slots) < self.jobs:
-            fd = os.open(SLOTS / str(slot), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                slots.append(slot)
-                self.slot_locks.append(fd)
-            except BlockingIOError:  # another Dask worker of this machine has it
-                os.close(fd)
-            slot += 1
-        return slots
-
-    def _release_slots(self) -> None:
-        for fd in getattr(self, "slot_locks", []):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self.slot_locks = []
 
     def grade(self, key: str, programs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not self.ready.wait(STARTUP):

@@ -9,6 +9,7 @@ reported as the failure of that one notebook.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import itertools
 import json
 import os
@@ -17,6 +18,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -34,6 +36,11 @@ if TYPE_CHECKING:  # torch loads in the grader only once the workers are warming
 
 STARTUP = 300.0  # seconds a worker may take to warm up (imports torch on a busy machine)
 GRACE = 5.0  # seconds a worker has to report a child's end
+# A sandboxed worker's notebooks run as the user FIRST_UID + its slot (sandbox.py), and the
+# process limit counts per user across the machine: every pool of the machine (two courses
+# graded at once, the Dask workers of one machine) takes slots no other holds, each held with
+# a lock that the kernel releases when its holder ends, however it ends.
+SLOTS = Path(tempfile.gettempdir()) / f"autograder-slots-{os.geteuid()}"
 REPLY_SLACK = 1 << 20  # JSON framing around a notebook's outputs
 ESCAPED = 6  # bytes JSON may take for one byte of output (a control character is \u0000)
 
@@ -304,10 +311,7 @@ class Pool:
     `result` returns the next finished one, in completion order.
     """
 
-    def __init__(self, jobs: int, isolation: sandbox.Isolation, course_root: Path, limits: Limits,
-                 slots: list[int] | None = None) -> None:
-        """`slots`: the workers' numbers (their notebooks' user ids), 0 to jobs - 1 unless
-        given (several pools on one machine, as Dask workers: cluster.py)."""
+    def __init__(self, jobs: int, isolation: sandbox.Isolation, course_root: Path, limits: Limits) -> None:
         syntax.guard()  # the threads below judge, and judging builds syntax trees
         self.limits = limits
         self.runtime = sandbox.runtime_directory()
@@ -320,10 +324,11 @@ class Pool:
         self._closing = False
         self._lock = threading.Lock()
         warming = threading.Semaphore(max(cores() - 1, 1))
+        slots, self._slot_locks = _take_slots(jobs)
         for k in range(jobs):
             directory = self.runtime / f"worker-{k}"
             directory.mkdir()
-            worker = Worker(isolation, course_root, directory, slots[k] if slots else k)
+            worker = Worker(isolation, course_root, directory, slots[k])
             self.workers.append(worker)
             self.threads.append(threading.Thread(target=self._serve, args=(worker, warming), daemon=True))
         for thread in self.threads:
@@ -406,6 +411,8 @@ class Pool:
         self.threads = []
         for worker in self.workers:
             worker.stop()
+        for fd in self._slot_locks:
+            os.close(fd)
         shutil.rmtree(self.runtime, ignore_errors=True)
 
     def __enter__(self) -> "Pool":
@@ -413,3 +420,21 @@ class Pool:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _take_slots(count: int) -> tuple[list[int], list[int]]:
+    """The `count` lowest slots that no other pool of this machine holds, and their locks."""
+    SLOTS.mkdir(mode=0o700, exist_ok=True)
+    slots: list[int] = []
+    locks: list[int] = []
+    slot = 0
+    while len(slots) < count:
+        fd = os.open(SLOTS / str(slot), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            slots.append(slot)
+            locks.append(fd)
+        except BlockingIOError:  # another pool has it
+            os.close(fd)
+        slot += 1
+    return slots, locks
