@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from autograder.grader.pool import Pool, Worker, WorkerError
-from autograder.grader.records import Run
+from autograder.grader.records import Program, Run
 from autograder.isolation import sandbox
 from autograder.isolation.limits import Limits
 from autograder.runner.protocol import Channel
@@ -138,17 +138,31 @@ def test_a_worker_killed_mid_notebook_is_replaced_and_the_notebook_graded_once(c
 
 
 
-def test_a_worker_whose_channel_closed_has_died_though_its_sandbox_is_still_exiting(tmp_path):
-    """A killed worker's channel closes before bubblewrap's processes above it exit: the
-    notebook is run again, not failed as one that "did not exit"."""
+@pytest.fixture
+def killed_worker(tmp_path):
+    """A warm worker just killed: its channel closed, bubblewrap's processes above it still
+    exiting (poll() says running)."""
     worker = Worker(sandbox.Isolation(None, 0, "none"), tmp_path, tmp_path, 0)
     ours, theirs = socket.socketpair()
     theirs.close()
-    worker.control = Channel(ours)
-    worker.process = subprocess.Popen(["sleep", "60"], start_new_session=True)  # the sandbox, still exiting
+    worker.control, worker.ready = Channel(ours), True
+    worker.process = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    yield worker
+    worker.kill()
+
+
+def test_a_worker_killed_mid_notebook_is_run_again_though_its_sandbox_is_still_exiting(killed_worker):
+    """Its notebook is run again, not failed as one that "did not exit"."""
     with pytest.raises(WorkerError, match="died"):
-        worker._finish(Run(), time.monotonic(), Limits(), explain_exit=False)
-    assert worker.process is None
+        killed_worker._finish(Run(), time.monotonic(), Limits(), explain_exit=False)
+    assert killed_worker.process is None
+
+
+def test_a_worker_killed_between_notebooks_is_replaced_before_the_next(killed_worker):
+    """The next notebook, sent to a dead worker (a broken pipe), is run again on a fresh one,
+    not failed as the grader's own failure."""
+    with pytest.raises(WorkerError, match="died"):
+        killed_worker.run(Program([(0, "cell 1", "x = 1")]), Limits())
 
 
 def test_closing_the_pool_does_not_wait_for_a_worker_still_warming_up(monkeypatch, tmp_path):

@@ -82,7 +82,7 @@ class Worker:
         )
         theirs.close()
         self.control = Channel(ours)
-        self.control.send(launch.config.to_message())
+        self._tell(launch.config.to_message())  # (one that died at once: ensure_ready says so)
         self.ready = False
         if self.modules or self.compiles:
             self.preload(self.modules, self.compiles)
@@ -92,10 +92,8 @@ class Worker:
             self.modules, self.compiles = modules, compiles
             if self.process is None:  # not started yet: it preloads them when it starts
                 return
-            try:
-                self.control.send({"op": "preload", "modules": modules, "compiles": compiles})
-            except OSError:  # it died: started again (preloading these) before its next notebook
-                self.kill()
+            if not self._tell({"op": "preload", "modules": modules, "compiles": compiles}):
+                self.kill()  # started again (preloading these) before its next notebook
 
     def ensure_ready(self) -> None:
         if self.process is None or self.process.poll() is not None:
@@ -121,12 +119,19 @@ class Worker:
                 self.process.wait()
             self.process = None
 
+    def _tell(self, message: dict[str, Any], buffers: list[bytes] | None = None, fds: list[int] | None = None) -> bool:
+        """Send the worker `message`; False when it is gone (it died, or was killed)."""
+        try:
+            self.control.send(message, buffers or [], fds or [])
+        except (OSError, ChannelClosed):  # (a closed channel is no OSError)
+            return False
+        return True
+
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
+        if self.process is not None and self.process.poll() is None and self._tell({"op": "stop"}):
             try:
-                self.control.send({"op": "stop"})
                 self.process.wait(timeout=GRACE)
-            except (OSError, subprocess.TimeoutExpired):
+            except subprocess.TimeoutExpired:
                 pass
         self.kill()
 
@@ -138,15 +143,13 @@ class Worker:
         ours, theirs = socket.socketpair()
         started = time.monotonic()
         deadline = started + limits.timeout
-        try:
-            self.control.send(
-                {"op": "run", "limits": limits.to_message(), "files": list(program.files),
-                 "compiles": program.compiles},
-                buffers=list(program.files.values()), fds=[theirs.fileno()],
-            )
-        except OSError as error:  # (ChannelClosed included)
-            raise WorkerError(f"the worker did not take the notebook ({error})") from None
+        taken = self._tell({"op": "run", "limits": limits.to_message(), "files": list(program.files),
+                            "compiles": program.compiles},
+                           buffers=list(program.files.values()), fds=[theirs.fileno()])
         theirs.close()
+        if not taken:
+            ours.close()
+            raise WorkerError("the worker had died before it took the notebook")
         channel = Channel(ours, limit=ESCAPED * limits.output + REPLY_SLACK)
         where, ended, conversation = "while starting", False, None
         try:
@@ -211,11 +214,8 @@ class Worker:
             run.probe_cpu = conversation.probe_cpu if conversation is not None else 0.0
         if run.failure is not None:
             run.stopped_at = next((i for i, _, _ in program.cells if i not in run.cells), None)
-            if not ended:
-                try:
-                    self.control.send({"op": "kill"})
-                except OSError as error:
-                    raise WorkerError(f"the worker died while it ran the notebook ({error})") from None
+            if not ended and not self._tell({"op": "kill"}):
+                raise WorkerError("the worker died while it ran the notebook")
         self._finish(run, started, limits, explain_exit=ended)
         return run
 
