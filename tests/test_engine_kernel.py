@@ -9,6 +9,7 @@ import nbformat
 import pytest
 from nbgrader.utils import determine_grade
 
+from autograder.grader import verdicts
 from autograder.grader.pool import Pool
 from autograder.grader.prepare import compiles
 from autograder.grader.records import Program, Run
@@ -118,13 +119,14 @@ def test_cut_output_keeps_what_scores(ran):
     assert _grade(outputs) == 0  # the stderr line still counts
 
 
-def test_workers_preload_what_the_notebooks_import_and_stay_single_threaded():
+def test_workers_preload_what_the_notebooks_import_and_stay_single_threaded(monkeypatch):
     """Preloaded once in the warm worker, a module is already there for every notebook (with
     what a module of the course names in PRELOAD), and so is the compiler's machinery from the
     first notebook that compiles on (not before it, unless the first notebooks compile: a
-    second pool). The worker, which forks, still runs one thread after importing what all of
-    the course's notebooks import and compiling. (The marker of compiling: a module of the
-    compiler that no notebook imports itself.)"""
+    second pool), when the grader also warms up for the compiler. The worker, which forks,
+    still runs one thread after importing what all of the course's notebooks import and
+    compiling. (The marker of compiling: a module of the compiler that no notebook imports
+    itself.)"""
     root = Path(__file__).resolve().parent.parent
     modules = list(dict.fromkeys(
         name for notebook in sorted((root / "course").glob("*/*.ipynb"))
@@ -136,16 +138,21 @@ def test_workers_preload_what_the_notebooks_import_and_stay_single_threaded():
                       "import os, sys\n('matplotlib.pyplot' in sys.modules, "
                       "'torch._inductor.scheduler' in sys.modules, "
                       "len(os.listdir(f'/proc/{os.getppid()}/task')))")])
+    monkeypatch.setattr(verdicts, "warmth", verdicts.Warmth())  # (the grader warms up for the compiler too)
     with Pool(1, sandbox.detect(True, root), root, Limits(timeout=60)) as pool:
         before = _run(pool, probe)
         pool.preload(["autograder.student.gradient_patterns"])  # whose pictures import pyplot when drawn
         named = _run(pool, probe)
-        pool.preload(modules, compiles=True)
+        pool.preload(modules)
         imported_only = _run(pool, probe)
+        assert verdicts.warm_compiler not in verdicts.warmth.paid
         compiled = _run(pool, dataclasses.replace(probe, compiles=True))
+        assert verdicts.warm_compiler in verdicts.warmth.paid
         after = _run(pool, probe)
+    monkeypatch.setattr(verdicts, "warmth", verdicts.Warmth())
     with Pool(1, sandbox.detect(True, root), root, Limits(timeout=60)) as pool:
-        pool.preload([], compiles=True, first_compile=True)
+        pool.preload([], first_compile=True)
+        assert verdicts.warm_compiler in verdicts.warmth.paid
         at_once = _run(pool, probe)
         compiling = _run(pool, Program([(0, "compile", (
             "import torch, torch._dynamo.guards as guards\n"

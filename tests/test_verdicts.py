@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import traceback
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from answers import for_notebook
 from autograder import authoring
 from autograder.checks import inputs
 from autograder.checks.remote import loopback
-from autograder.grader.verdicts import Judge, StudentNames, is_test_cell, run_cell, verdicts
+from autograder.grader.verdicts import Judge, StudentNames, Warmth, is_test_cell, run_cell, verdicts
 from grading import exercises, namespace
 
 SLUGS = authoring.assignments()
@@ -124,8 +125,10 @@ def test_warm_pays_the_graders_first_call_costs_before_any_verdict():
     the students' own modules stay out of the grader."""
     code = textwrap.dedent("""
         import sys, torch
-        from autograder.grader.verdicts import warm
-        warm(["autograder.exercises.tape_autograd", "matplotlib", "autograder.no_such_module"], compiles=COMPILES)
+        from autograder.grader.verdicts import warm, warm_compiler
+        warm(["autograder.exercises.tape_autograd", "matplotlib", "autograder.no_such_module"])
+        if COMPILES:
+            warm_compiler()
         before = set(sys.modules)
         x = torch.ones(2, requires_grad=True)
         torch.autograd.grad(x.sin().sum(), x, torch.tensor(1.0))
@@ -140,6 +143,44 @@ def test_warm_pays_the_graders_first_call_costs_before_any_verdict():
                               text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         assert done.stdout.split() == ["True", "False", str(compiles), "[]"]
+
+
+def test_a_first_call_cost_is_paid_once_and_never_while_a_judge_runs():
+    """Paying imports, and imports at the same time as a judge's can deadlock: the payment
+    waits for the judge running, and a judge that comes meanwhile waits for the payment."""
+    warmth, log = Warmth(), []
+    judging, done = threading.Event(), threading.Event()
+
+    def first_judge() -> None:
+        with warmth.judging():
+            judging.set()
+            done.wait(timeout=60)
+            log.append("first judge")
+
+    def second_judge() -> None:
+        with warmth.judging():
+            log.append("second judge")
+
+    def cost() -> None:
+        log.append("paid")
+
+    threads = [threading.Thread(target=first_judge)]
+    threads[0].start()
+    judging.wait(timeout=60)
+    threads.append(threading.Thread(target=warmth.pay, args=(cost,)))
+    threads[1].start()
+    deadline = time.monotonic() + 60
+    while not warmth._paying and not log and time.monotonic() < deadline:  # (waiting for the first judge)
+        time.sleep(0.001)
+    threads.append(threading.Thread(target=second_judge))
+    threads[2].start()
+    time.sleep(0.05)
+    assert log == []
+    done.set()
+    for thread in threads:
+        thread.join(timeout=60)
+    warmth.pay(cost)
+    assert log == ["first judge", "paid", "second judge"]
 
 
 def test_a_module_the_notebook_imported_is_the_graders_own():

@@ -90,10 +90,11 @@ class Grading(WorkerPlugin):
     idempotent = False
     error: BaseException | None  # why the pool could not start (set up in `setup`)
 
-    def __init__(self, root: str, sandboxed: bool, limits: Limits, modules: list[str], compiles: tuple[bool, bool],
+    def __init__(self, root: str, sandboxed: bool, limits: Limits, modules: list[str], first_compile: bool,
                  expected: dict[str, str], topic: str) -> None:
-        """`compiles`: whether some notebooks call torch.compile, and whether the first do (Pool.preload)."""
-        self.root, self.sandboxed, self.limits, self.modules, self.compiles = root, sandboxed, limits, modules, compiles
+        """`first_compile`: whether the first notebooks call torch.compile (Pool.preload)."""
+        self.root, self.sandboxed, self.limits = root, sandboxed, limits
+        self.modules, self.first_compile = modules, first_compile
         self.expected, self.topic = expected, topic
 
     def setup(self, worker: Any) -> Any:
@@ -120,7 +121,7 @@ class Grading(WorkerPlugin):
     def _serve(self) -> None:
         try:
             self.pool = Pool(self.jobs, self.isolation, Path(self.root), self.limits)
-            self.pool.preload(self.modules, *self.compiles)
+            self.pool.preload(self.modules, self.first_compile)
         except BaseException as error:  # noqa: BLE001 - told to every task, which fails over to another worker
             self.error = error
             self.ready.set()
@@ -290,10 +291,10 @@ class ClusterPool:
             self._size, self._looked = sum(self._threads().values()), time.monotonic()
         return max(self._size, 1)
 
-    def preload(self, modules: list[str], compiles: bool = False, first_compile: bool = False) -> None:
+    def preload(self, modules: list[str], first_compile: bool = False) -> None:
         """Start the grading pool on every Dask worker (and on those that join later)."""
         plugin = Grading(str(self.options.root), self.options.sandbox, self.options.limits, modules,
-                         (compiles, first_compile), fingerprint(), self.topic)
+                         first_compile, fingerprint(), self.topic)
         assert self.client is not None  # (open)
         try:
             self.client.register_plugin(plugin, name=self.plugin)

@@ -63,8 +63,8 @@ def _grade_submissions(options: Options, config: Config, pool: Workers, console:
         with closing(Preparer(coursedir.db_url, coursedir.course_id, config, released)) as preparer, \
                 closing(Writer(coursedir, config)) as writer:
             notebooks = {s.assignment: known[s.assignment] for s in todo}
-            modules, compiles = preparer.imports(notebooks), preparer.compiles(notebooks)
-            pool.preload(modules, compiles, preparer.compiles({todo[0].assignment: known[todo[0].assignment]}))
+            pool.preload(preparer.imports(notebooks),
+                         preparer.compiles({todo[0].assignment: known[todo[0].assignment]}))
             outcomes = _grade_all(todo, known, pool, preparer, writer, console, options.limits, key)
     pool.close()  # the workers' memory and CPU go to what follows
     progress.phase("writing grades.csv, grades-lms.csv and the plots ...")

@@ -293,7 +293,7 @@ class Workers(Protocol):
 
     @property
     def size(self) -> int: ...
-    def preload(self, modules: list[str], compiles: bool = False, first_compile: bool = False) -> None: ...
+    def preload(self, modules: list[str], first_compile: bool = False) -> None: ...
     def submit(self, key: str, programs: list[Program]) -> None: ...
     def result(self) -> tuple[str, list[Run]]: ...
     def running(self) -> dict[str, float]: ...
@@ -338,16 +338,18 @@ class Pool:
     def size(self) -> int:
         return len(self.workers)
 
-    def preload(self, modules: list[str], compiles: bool = False, first_compile: bool = False) -> None:
+    def preload(self, modules: list[str], first_compile: bool = False) -> None:
         """Have every worker import `modules` before its first notebook, and warm this process,
-        which judges, for them and for torch.compile if some notebooks call it (`compiles`);
-        call before `submit`. The workers compile once before the first notebook that
-        compiles, or at once if the first notebooks do (`first_compile`)."""
-        from .verdicts import warm  # torch: the grader loads it only now, while the workers warm up
+        which judges, for them; call before `submit`. The workers compile once before the
+        first notebook that compiles, and this process warms up for the compiler then, or
+        both at once if the first notebooks compile (`first_compile`)."""
+        from .verdicts import warm, warm_compiler, warmth  # torch: loaded only now, while the workers warm up
 
         for worker in self.workers:
             worker.preload(modules, first_compile)
-        warm(modules, compiles)
+        warm(modules)
+        if first_compile:
+            warmth.pay(warm_compiler)
 
     def submit(self, key: Any, programs: list[Program]) -> None:
         self.todo.put((key, programs))
@@ -385,6 +387,10 @@ class Pool:
         """The notebook's run; a worker that fails (not the notebook: its faults are the
         run's) is replaced and the notebook run once more."""
         first = program.cells[0][0] if program.cells else None  # never lose a submission, never hang the run
+        if program.compiles:
+            from .verdicts import warm_compiler, warmth  # (loaded: the program's judge is one)
+
+            warmth.pay(warm_compiler)
         for _ in range(2):
             try:
                 return worker.run(program, self.limits)

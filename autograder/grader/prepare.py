@@ -256,8 +256,8 @@ class Preparer:
         return list(found)
 
     def compiles(self, notebooks: dict[str, set[str]]) -> bool:
-        """Whether the released notebooks call torch.compile (the workers then compile once
-        before the first notebook, instead of paying the compiler's start in each)."""
+        """Whether the released notebooks call torch.compile (then the workers compile, and
+        the grader warms up for the compiler, at once instead of before the first that does)."""
         return any(compiles(self._given(assignment, name)) for assignment, names in notebooks.items() for name in names)
 
     def close(self) -> None:

@@ -123,27 +123,74 @@ class Judge:
         self.names.forget()
         meta = self.tests[index]["metadata"]["nbgrader"]
         graded = bool(meta.get("grade"))
-        with inputs.seeded(self.seeds[index]):
+        with warmth.judging(), inputs.seeded(self.seeds[index]):
             found = verdict(meta["grade_id"], self.tests[index]["source"], meta.get("points", 0) if graded else 0,
                             self.names, graded)
         return dataclasses.replace(found, seed=self.seeds[index])
 
 
-def warm(modules: list[str], compiles: bool = False) -> None:
+def warm(modules: list[str]) -> None:
     """Pay the grader's first-call costs before the first verdict: the check modules the
-    test cells import, what torch imports at the first gradient given grad_outputs (sympy,
-    about 0.5 s), and for notebooks that use the compiler, torch._dynamo and the jvp
-    decompositions, which the first forward-mode derivative and some of torch's own
-    operations import (1.5 s). Paid during a verdict, they would hold up every judge at once."""
+    test cells import, and what torch imports at the first gradient given grad_outputs
+    (sympy, about 0.5 s). Paid during a verdict, they would hold up every judge at once."""
     for name in modules:
         if name.split(".")[0] == __package__.split(".")[0]:
             with contextlib.suppress(ImportError):  # the test cell meets the same error, and reports it
                 importlib.import_module(name)
     x = torch.ones(1, requires_grad=True)
     torch.autograd.grad(x * 2, x, torch.ones(1))
-    if compiles:
-        with process_wide, torch.autograd.forward_ad.dual_level():
-            torch.autograd.forward_ad.make_dual(x.detach(), x.detach()) * 2
+
+
+def warm_compiler() -> None:
+    """What notebooks that use the compiler need: torch._dynamo and the jvp decompositions,
+    which the first forward-mode derivative and some of torch's own operations import (1 s
+    and more). Paid before the first of them is judged, not before the first verdict."""
+    x = torch.ones(1)
+    with process_wide, torch.autograd.forward_ad.dual_level():
+        torch.autograd.forward_ad.make_dual(x, x) * 2
+
+
+class Warmth:
+    """The first-call costs paid so far. Paying one imports modules, and an import at the
+    same time as a judge's can raise Python's import-deadlock error (a score would then
+    depend on timing): judges pass together, a payment passes alone, and judges that come
+    while one waits or runs wait for it."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._judges, self._paying = 0, False
+        self.paid: set[Callable[[], None]] = set()
+
+    @contextlib.contextmanager
+    def judging(self) -> Iterator[None]:
+        with self._changed:
+            self._changed.wait_for(lambda: not self._paying)
+            self._judges += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._judges -= 1
+                self._changed.notify_all()
+
+    def pay(self, cost: Callable[[], None]) -> None:
+        """Pay `cost` once (never while judging: call it outside `judging`)."""
+        with self._changed:
+            self._changed.wait_for(lambda: not self._paying)
+            if cost in self.paid:
+                return
+            self._paying = True
+            self._changed.wait_for(lambda: self._judges == 0)
+        try:
+            cost()
+        finally:
+            with self._changed:
+                self.paid.add(cost)  # (paid, or failed: a judge that needs it meets the same error)
+                self._paying = False
+                self._changed.notify_all()
+
+
+warmth = Warmth()  # of this process, which judges
 
 
 def verdicts(cells: list[Any], transport: Transport, seed: Callable[[str], int]) -> list[Verdict]:
