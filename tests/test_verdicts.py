@@ -147,7 +147,8 @@ def test_warm_pays_the_graders_first_call_costs_before_any_verdict():
 
 def test_a_first_call_cost_is_paid_once_and_never_while_a_judge_runs():
     """Paying imports, and imports at the same time as a judge's can deadlock: the payment
-    waits for the judge running, and a judge that comes meanwhile waits for the payment."""
+    waits for the judge running, and a judge that comes meanwhile waits for the payment. A
+    cost that fails stops nothing (the judge that needs it meets its error)."""
     warmth, log = Warmth(), []
     judging, done = threading.Event(), threading.Event()
 
@@ -181,6 +182,9 @@ def test_a_first_call_cost_is_paid_once_and_never_while_a_judge_runs():
         thread.join(timeout=60)
     warmth.pay(cost)
     assert log == ["first judge", "paid", "second judge"]
+    warmth.pay(lambda: 1 / 0)  # a cost that fails fails no run (the judge that needs it meets the error)
+    with warmth.judging():
+        pass
 
 
 def test_a_module_the_notebook_imported_is_the_graders_own():

@@ -182,10 +182,11 @@ class Warmth:
             self._paying = True
             self._changed.wait_for(lambda: self._judges == 0)
         try:
-            cost()
+            with contextlib.suppress(Exception):  # not the run's to fail on: a judge that needs it meets it too
+                cost()
         finally:
             with self._changed:
-                self.paid.add(cost)  # (paid, or failed: a judge that needs it meets the same error)
+                self.paid.add(cost)
                 self._paying = False
                 self._changed.notify_all()
 
