@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, Protocol, Sequence
 
 from ..isolation import sandbox
 from ..isolation.limits import TRUNCATED, Limits
@@ -119,10 +119,10 @@ class Worker:
                 self.process.wait()
             self.process = None
 
-    def _tell(self, message: dict[str, Any], buffers: list[bytes] | None = None, fds: list[int] | None = None) -> bool:
+    def _tell(self, message: dict[str, Any], buffers: Sequence[bytes] = (), fds: Sequence[int] = ()) -> bool:
         """Send the worker `message`; False when it is gone (it died, or was killed)."""
         try:
-            self.control.send(message, buffers or [], fds or [])
+            self.control.send(message, buffers, fds)
         except (OSError, ChannelClosed):  # (a closed channel is no OSError)
             return False
         return True

@@ -256,8 +256,7 @@ class Preparer:
         return list(found)
 
     def compiles(self, notebooks: dict[str, set[str]]) -> bool:
-        """Whether the released notebooks call torch.compile (then the workers compile, and
-        the grader warms up for the compiler, at once instead of before the first that does)."""
+        """Whether the released notebooks, {assignment: notebook names}, call torch.compile."""
         return any(compiles(self._given(assignment, name)) for assignment, names in notebooks.items() for name in names)
 
     def close(self) -> None:
