@@ -36,6 +36,8 @@ CELLS = {
     "file": "open('data.txt').read()",
     "graph": "import graphviz\nsvg = graphviz.Digraph(node_attr={'fontname': 'Helvetica'})\nsvg.edge('a', 'b')\n"
              "len(svg.pipe(format='svg')) > 100",
+    "program": "import subprocess, sys\n"
+               "subprocess.run([sys.executable, '-c', 'sum(range(10**7))'], check=True).returncode",
 }
 
 
@@ -51,7 +53,7 @@ def ran():
         runs = dict(pool.result() for _ in range(2))
         small_run = pool.workers[0].run(small, Limits(timeout=60, output=1000))
     outputs = {name: runs["main"][0].cells[i].outputs for i, name in enumerate(CELLS)}
-    return outputs, runs["fresh"][0], small_run
+    return outputs, runs["fresh"][0], small_run, runs["main"][0]
 
 
 def _grade(outputs) -> float:
@@ -109,6 +111,14 @@ def test_a_failed_check_shows_its_message_alone(ran):
 def test_every_notebook_starts_fresh(ran):
     fresh = ran[1]
     assert fresh.cells[0].outputs[0]["ename"] == "NameError"
+
+
+def test_a_cells_cpu_counts_the_programs_it_ran(ran):
+    """A program a cell runs and waits for (dot, for a graph) is the cell's work, not the engine's."""
+    cells = ran[3].cells
+    assert ran[0]["program"][0]["data"]["text/plain"] == "0"
+    assert cells[list(CELLS).index("program")].cpu >= 0.1  # the program alone burns about 0.2 CPU-s
+    assert cells[list(CELLS).index("state")].cpu < 0.05
 
 
 def test_cut_output_keeps_what_scores(ran):
@@ -202,7 +212,7 @@ def test_the_scan_leaves_the_student_sides_public_helpers_alone():
 
 def test_graphs_render_without_fontconfig_noise(ran):
     """dot, run by the notebook's own user in the sandbox, finds its fonts: nothing on stderr."""
-    outputs, _, _ = ran
+    outputs = ran[0]
     assert outputs["graph"] == [{"output_type": "execute_result",
                                  "execution_count": outputs["graph"][0]["execution_count"],
                                  "data": {"text/plain": "True"}, "metadata": {}}], outputs["graph"]

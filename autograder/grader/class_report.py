@@ -29,7 +29,7 @@ class Outcome:
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0  # wall time of its notebooks' runs
     code_seconds: float = 0.0  # of which running cells
-    code_cpu: float = 0.0  # CPU time of its cells
+    code_cpu: float = 0.0  # CPU time of its cells, and of the programs they ran (dot)
     checks_cpu: float = 0.0  # CPU time of its test cells: the grader's judging and the child's answers
     engine_cpu: float = 0.0  # the engine's own CPU for it: preparing, forking, confining, saving
     saved: bool = True  # its results are in the gradebook and autograded/

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+import resource
 import socket
 import time
 import traceback
@@ -83,9 +84,11 @@ def _restore(restore: Callable[[], list[str]], attempted: Callable[[], list[str]
 
 
 def _cpu() -> float:
-    """CPU seconds of this (the main) thread: the process's clock lags here (it catches up
+    """CPU seconds of this (the main) thread, and of the programs it ran and waited for (a
+    cell's `dot` renders its graph in one). The process's clock lags here (it catches up
     when the process sleeps, so a probe's CPU showed in the wait for the next request)."""
-    return time.thread_time()
+    ran = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.thread_time() + ran.ru_utime + ran.ru_stime
 
 
 def _execute(shell: InteractiveShell, request: dict[str, Any], buffers: list[bytearray], reply: Reply) -> None:
