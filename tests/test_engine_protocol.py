@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from autograder.grader.records import cpu_seconds
 from autograder.runner.protocol import MAX_HEADER, TEXT, Channel, ChannelClosed, ProtocolError, Undecodable
 from autograder.student import wire
 
@@ -196,3 +197,13 @@ def test_every_accepted_dtype_travels_as_it_reads(dtype):
     for view in views:
         structure, buffers = wire.encode(view)
         assert torch.equal(wire.decode(structure, buffers), view.resolve_conj().resolve_neg())
+
+
+@pytest.mark.parametrize("sent, kept", [(0.25, 0.25), (3, 3.0), (-1.0, 0.0), (1e308, 3600.0), (float("nan"), 0.0),
+                                        (float("inf"), 0.0), ("1", 0.0), (None, 0.0)])
+def test_the_cpu_a_process_reports_is_a_finite_number_within_an_hour(pair, sent, kept):
+    """JSON carries NaN and Infinity: a forged CPU time must not reach the class report as one."""
+    sender, receiver = pair
+    sender.send({"op": "executed", "cpu": sent})
+    message, _, _ = receiver.receive(timeout=5)
+    assert cpu_seconds(message["cpu"]) == kept

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 from ..checks import remote
 from ..runner.protocol import Channel, ProtocolError
 from ..student import probe, wire
-from .records import Run, Verdict, cut
+from .records import Run, Verdict, cpu_seconds, cut
 from .verdicts import Judge
 
 QUESTIONS = 100_000  # per probe: far more than any check asks
@@ -85,8 +85,7 @@ class Conversation:
         except (TimeoutError, ProtocolError, OSError) as error:
             self.lost = error  # the checks may swallow it: the run ends when the judge returns
             raise remote.RemoteError(f"the student's process did not answer ({error})") from None
-        cpu = reply.get("cpu")
-        self.probe_cpu += min(max(float(cpu), 0.0), 3600.0) if isinstance(cpu, (int, float)) else 0.0
+        self.probe_cpu += cpu_seconds(reply.get("cpu"))
         try:
             return remote.result(reply.get("answer"), reply_buffers)
         except wire.WireError as error:  # the checks may swallow it too: the cell scores 0 when judged

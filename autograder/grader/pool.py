@@ -28,7 +28,7 @@ from ..isolation import sandbox
 from ..isolation.limits import TRUNCATED, Limits
 from ..runner.protocol import Channel, ChannelClosed, ProtocolError, Undecodable
 from . import syntax
-from .records import Cell, Program, Run, cores
+from .records import Cell, Program, Run, cores, cpu_seconds
 
 if TYPE_CHECKING:  # torch loads in the grader only once the workers are warming up
     from .conversation import Conversation
@@ -183,9 +183,8 @@ class Worker:
                     reply = next(replies)
                     if channel.received - conversation.answers > ESCAPED * limits.output + REPLY_SLACK:
                         raise Undecodable(f"more than {limits.output} bytes of output")
-                    cpu = reply.get("cpu")
                     run.cells[index] = Cell(reply["outputs"], count, time.monotonic() - sent,
-                                            float(cpu) if isinstance(cpu, (int, float)) else 0.0)
+                                            cpu_seconds(reply.get("cpu")))
                     spent += time.monotonic() - sent
                     sent = time.monotonic()
             where = "after the last cell"

@@ -3,6 +3,7 @@ notebook to run (`Program`), what happened to it (`Run`, `Cell`) and each test c
 trusted verdict (`Verdict`). Kept apart so that no module imports another for its types."""
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +58,14 @@ class Verdict:
     def report(self) -> str:
         """The outputs as text (for messages)."""
         return as_text(self.outputs)
+
+
+def cpu_seconds(value: Any) -> float:
+    """CPU seconds as a student's process reports them (for statistics only): a finite
+    number within an hour, or 0 (JSON carries NaN and Infinity too)."""
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return min(max(float(value), 0.0), 3600.0)
+    return 0.0
 
 
 def cut(text: str, limit: int) -> str:
