@@ -7,6 +7,7 @@ under the root (all ignored by git).
 """
 import importlib.util
 import os
+import sys
 
 c = get_config()  # noqa: F821 (provided by traitlets when nbgrader loads this file)
 
@@ -33,6 +34,15 @@ c.OverwriteCells.add_missing_cells = True
 
 # Checks run gradcheck on several devices; leave room above nbgrader's 30 s default.
 c.Execute.timeout = 120
+
+# Stock `nbgrader autograde` runs a student's code in a kernel beside the hidden tests, where
+# the submission can forge its score: this course grades with `autograder grade` (sandboxed;
+# formgrader's Autograde button runs it too, autograder/grader/formgrader.py). It refuses in
+# one line; NBGRADER_STOCK_AUTOGRADE=1 runs it on purpose (the comparisons with stock nbgrader).
+if "nbgrader" in sys.argv[0] and sys.argv[1:2] == ["autograde"] and not os.environ.get("NBGRADER_STOCK_AUTOGRADE"):
+    sys.exit("error: stock `nbgrader autograde` runs students' code beside the hidden tests, where it can forge its "
+             "score: grade with `autograder grade ASSIGNMENT [--student STUDENT] [--force]` (README, \"Grading a "
+             "class\"), or set NBGRADER_STOCK_AUTOGRADE=1 to run nbgrader's own on purpose")
 
 # Feedback a student can read, without the hidden tests (nbgrader's default restores them):
 # `autograder grade --feedback` sets the same (autograder/grader/feedback.py). Readable names each

@@ -79,11 +79,13 @@ class Course:
         nbformat.write(nb, folder / f"{slug}.ipynb")
 
     def autograde(self, slug: str) -> subprocess.CompletedProcess:
-        """Stock `nbgrader autograde`, as an instructor runs it from the course root."""
+        """Stock `nbgrader autograde`, as an instructor runs it from the course root, on purpose
+        (nbgrader_config.py refuses it otherwise)."""
         nbgrader = Path(sys.executable).with_name("nbgrader")
         return subprocess.run(
             [str(nbgrader), "autograde", slug, "--force"],
             cwd=self.root, capture_output=True, text=True, timeout=1800,
+            env={**os.environ, "NBGRADER_STOCK_AUTOGRADE": "1"},
         )
 
     def scores(self, slug: str, student: str) -> dict[str, tuple[float, float]]:
