@@ -227,7 +227,7 @@ def test_formgraders_autograde_button_grades_with_the_engine(instructor_lab):
     base, chromium = instructor_lab
     page = browser.person(chromium)
     try:
-        # Logged in as opening JupyterLab logs in (a formgrader page's own login cookie is for its folder only).
+        # Log in as opening JupyterLab does: the login cookie a formgrader page sets holds for its folder only.
         page.request.get(f"{base}/lab?token={browser.TOKEN}")
         page.goto(f"{base}/formgrader/manage_submissions/{SLUG}?token={browser.TOKEN}")
         mallory = _row(page, "mallory")
@@ -246,6 +246,7 @@ def test_formgraders_autograde_button_grades_with_the_engine(instructor_lab):
         modal.locator("button.btn-primary").click()
         honest = f"{points(SLUG) - points(SLUG, 'clipped_relu'):g} / {points(SLUG):g}"  # ClippedReLU's points lost
         mallory.locator(f"td.score:text-is('{honest}')").wait_for(timeout=60_000)
+        page.locator(".modal-backdrop").wait_for(state="detached", timeout=10_000)  # the modal faded out
         browser.screenshot(page, "instructor-autograde-score")
         page.goto(f"{base}/formgrader/gradebook/{SLUG}/{SLUG}?token={browser.TOKEN}")
         _row(page, "mallory").locator("td .glyphicon-flag, td .fa-flag").wait_for(timeout=60_000)
