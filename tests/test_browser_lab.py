@@ -22,7 +22,7 @@ import browser
 from autograder import authoring
 from autograder.student import handin
 from engine_course import grade, solutions
-from grading import Course, points
+from grading import Course, canvas_download, points
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("browser")]
 SLUG = "03_function_basics"
@@ -111,14 +111,13 @@ def test_a_student_sees_the_graphs_of_notebook_07(student_lab):
 
 @pytest.fixture(scope="module")
 def graded_course(tmp_path_factory):
-    """A course whose submissions came in as hand_in() zips (alice: right answers, bob:
-    edited a locked cell, which flags him), collected and graded with feedback."""
+    """A course whose submissions came in as hand_in() zips in Canvas's download (alice: right
+    answers, bob: edited a locked cell, which flags him), collected and graded with feedback."""
     root = tmp_path_factory.mktemp("instructor") / "course"
     root.mkdir()
     course = Course(root, [SLUG])
-    archive = root / "downloaded" / SLUG / "archive"
-    archive.mkdir(parents=True)
     model = solutions(SLUG)
+    uploads = []
     for student, edit in (("alice", None), ("bob", "check_clipped_relu")):
         notebook = root.parent / student / f"{SLUG}.ipynb"
         notebook.parent.mkdir()
@@ -129,7 +128,8 @@ def graded_course(tmp_path_factory):
             cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == edit)
             cell.source = "pass  # the check, deleted"
             nbformat.write(nb, notebook)
-        shutil.copy(handin.hand_in(student, notebook=notebook), archive)
+        uploads.append((student, handin.hand_in(student, notebook=notebook), False))
+    canvas_download(course, SLUG, uploads)  # as Canvas's "Download Submissions" gives them
     nbgrader = Path(sys.executable).with_name("nbgrader")
     done = subprocess.run([str(nbgrader), "zip_collect", SLUG], cwd=root, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
