@@ -125,14 +125,14 @@ def test_the_runs_summary_counts_late_work_and_lists_it():
 
     outcomes = [outcome("ann", seconds_late=5400.0, late_penalty=2.0, time_from="lms"),
                 outcome("ben", time_from="student", lms_late="yes"), outcome("cat", time_from="student")]
-    console = Console(record=True, width=160)
+    console = Console(record=True, width=80)  # a terminal's, or a log's
     console.print(class_report.summary(outcomes, [], 12.0, "bubblewrap"))
     console.print(class_report.late_work(outcomes))
     text = console.export_text()
     row = next(line for line in text.splitlines() if line.startswith(f"│ {SLUG}"))
     assert [cell.strip() for cell in row.split("│")[1:-1]][:6] == [SLUG, "3", "0", "0", "1", "0"], text
-    assert re.search(rf"{SLUG}/ann\s+│\s+1:30:00\s+│\s+2\s+│ the LMS's upload time", text), text
-    assert re.search(rf"{SLUG}/ben\s+│\s+on time .*the LMS marks it late", text), text
+    assert re.search(rf"{SLUG}/ann\s+│\s+1:30:00\s+│\s+2\s+│ LMS upload\s+│\s+│", text), text
+    assert re.search(rf"{SLUG}/ben\s+│\s+on time\s+│\s+0\s+│ student's clock\s+│ late\s+│", text), text
     assert f"{SLUG}/cat" not in text
     assert class_report.late_work(outcomes[2:]) is None
 

@@ -39,9 +39,10 @@ class Outcome:
 
 def summary(outcomes: list[Outcome], skipped: list[Submission], seconds: float, isolation: str) -> Table:
     table = Table(title=f"Grading summary ({isolation})", title_justify="left")
-    for column in ("assignment", "graded", "flagged", "failed", "late", "skipped (done before)", "time"):
-        table.add_column(column, justify="left" if column == "assignment" else "right")
     assignments = sorted({o.submission.assignment for o in outcomes} | {s.assignment for s in skipped})
+    table.add_column("assignment", no_wrap=True, min_width=max(map(len, assignments), default=0))  # (never cut)
+    for column in ("graded", "flagged", "failed", "late", "skipped (done before)", "time"):
+        table.add_column(column, justify="right")
     for assignment in assignments:
         counts = Counter(o.status for o in outcomes if o.submission.assignment == assignment)
         late = sum(o.submission.seconds_late > 0 for o in outcomes if o.submission.assignment == assignment)
@@ -55,8 +56,8 @@ def summary(outcomes: list[Outcome], skipped: list[Submission], seconds: float, 
     return table
 
 
-TIME_FROM = {"lms": "the LMS's upload time", "student": "the student's own machine (timestamp.txt)", "": "no time"}
-LMS_SAYS = {"yes": "the LMS marks it late", "no": "the LMS marks it on time", "": ""}
+TIME_FROM = {"lms": "LMS upload", "student": "student's clock", "": "none"}  # where a hand-in's time came from
+LMS_SAYS = {"yes": "late", "no": "on time", "": ""}
 
 
 def late_work(outcomes: list[Outcome]) -> Table | None:
@@ -67,13 +68,15 @@ def late_work(outcomes: list[Outcome]) -> Table | None:
     if not late:
         return None
     table = Table(title="Late hand-ins", title_justify="left")
-    for column in ("submission", "late by", "penalty", "its time is", "note"):
-        table.add_column(column, justify="right" if column in ("late by", "penalty") else "left")
+    table.add_column("submission", no_wrap=True, min_width=max(len(o.submission.key) for o in late))
+    for column in ("late by", "penalty", "time from", "LMS says"):
+        table.add_column(column, justify="left" if column in ("time from", "LMS says") else "right", no_wrap=True)
     for o in late:
         s = o.submission
         table.add_row(s.key, late_by(s.seconds_late) or "on time", f"{s.late_penalty:g}", TIME_FROM[s.time_from],
                       LMS_SAYS.get(s.lms_late, ""))
-    table.caption = "A time from the student's own machine is the student's to set: in a dispute, the LMS's counts."
+    table.caption = ("\"student's clock\": the hand-in's own timestamp.txt, which the student can set; in a "
+                     "dispute, the LMS's record counts.")
     return table
 
 
