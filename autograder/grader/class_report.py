@@ -177,8 +177,9 @@ def bin_edges(top: float, width: float, exact: bool) -> list[float]:
 
 def plot(db_url: str, course_id: str, assignment: str, source: Path, out: Path,
          failed: AbstractSet[str] = frozenset()) -> Path | None:
-    """The class's total points (bins of one width, stacked by status: graded, flagged for
-    review, failed; mean and median marked) above each exercise's mean share of its points."""
+    """The class's total points (bin_edges: the full score a bar of its own; stacked by status:
+    graded, flagged for review, failed; mean and median marked) above each exercise's mean
+    share of its points."""
     found = scores(db_url, course_id, assignment, source, failed)
     if not found.totals:
         return None
