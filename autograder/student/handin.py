@@ -10,10 +10,10 @@ downloads it). The zip holds the notebook where nbgrader expects it:
     alice/03_function_basics/timestamp.txt
 
 so an instructor either unzips it into `submitted/` (`unzip -o alice__03_function_basics.zip
--d submitted`) or puts every student's zip (as an LMS downloads them) in
+-d submitted`) or puts the LMS's download of every student's zip in
 `downloaded/03_function_basics/archive/` and runs `nbgrader zip_collect 03_function_basics`
-(the course's nbgrader_config.py tells zip_collect where the student id and the notebook
-are). Nothing is graded here.
+(the course's zip_collect takes the student from the LMS's name for the upload, and refuses
+a zip whose folder names anyone else). Nothing is graded here.
 
 What is handed in is the notebook as the student sees it: in JupyterLab and Notebook 7 the
 page is asked to save it first (its Save button, clicked by a script the call displays), and
