@@ -7,6 +7,8 @@ from answers import Answer, for_notebook
 from autograder import authoring, registry
 from autograder.authoring import use_this_environment
 
+pytest_plugins = ["cost"]
+
 # nbgrader (in-process and as a subprocess) runs `alembic` by name.
 use_this_environment()
 # As every notebook's setup cell does: checks run many tiny operations, and a thread pool
