@@ -7,8 +7,9 @@ CPU time of the process and of the processes it started and waited for
 reaped; a daemon that was never a child, as PostgreSQL's, does not count), and one for
 the whole session. The run ends with a summary: wall and CPU time (CPU% of wall), each
 worker's busy time and when it ran out of work, the slowest tests, CPU per test file.
-`python tests/cost.py DIR` prints it again. A fixture's set-up counts to the first test
-that uses it.
+`python tests/cost.py DIR` prints it again, and with `--write-costs` writes each unit of
+work's wall seconds to tests/costs.json, which orders the units of later runs (the longest
+first: tests/scheduling.py). A fixture's set-up counts to the first test that uses it.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from scheduling import COSTS
 
 SLOWEST = 10
 
@@ -40,6 +43,13 @@ def _cpu() -> tuple[float, float]:
     """(this process's CPU seconds, its reaped children's)."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+
+
+def _names(item: pytest.Item) -> dict[str, str]:
+    """The test, and the unit of work it is part of (tests/scheduling.py): its xdist_group, or itself."""
+    test = item.nodeid.split("@")[0]
+    group = item.get_closest_marker("xdist_group")
+    return {"test": test, "unit": group.args[0] if group else test}
 
 
 class Recorder:
@@ -62,17 +72,17 @@ class Recorder:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_setup(self, item):
-        with self.measured(test=item.nodeid, when="setup"):
+        with self.measured(when="setup", **_names(item)):
             return (yield)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item):
-        with self.measured(test=item.nodeid, when="call"):
+        with self.measured(when="call", **_names(item)):
             return (yield)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_teardown(self, item):
-        with self.measured(test=item.nodeid, when="teardown"):
+        with self.measured(when="teardown", **_names(item)):
             return (yield)
 
     def pytest_sessionfinish(self):
@@ -123,5 +133,17 @@ def summary(folder: Path) -> str:
     return "\n".join(lines)
 
 
+def unit_costs(folder: Path, least: float = 5.0) -> dict[str, int]:
+    """{unit of work: its wall seconds} of a recorded run, for units of `least` seconds or more."""
+    found: dict[str, float] = collections.defaultdict(float)
+    for path in folder.glob("*.jsonl"):
+        for record in map(json.loads, path.read_text().splitlines()):
+            if "unit" in record:
+                found[record["unit"]] += record["wall"]
+    return {unit: round(wall) for unit, wall in sorted(found.items(), key=lambda kv: -kv[1]) if wall >= least}
+
+
 if __name__ == "__main__":
+    if sys.argv[2:3] == ["--write-costs"]:  # what tests/scheduling.py orders the units by
+        COSTS.write_text(json.dumps(unit_costs(Path(sys.argv[1])), indent=1) + "\n")
     print(summary(Path(sys.argv[1])))
