@@ -20,10 +20,16 @@ WORK ?= work
 PUBLIC ?= public
 ROOT_FLAG = $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
-.PHONY: test lint lab instructor release publish autograde bench compare-stock verdicts fuzz gpu-check gpu-wheels lock system-tools test-tools hub-tools clean
+.PHONY: test check lint lab instructor release publish autograde bench compare-stock verdicts fuzz gpu-check gpu-wheels lock system-tools test-tools hub-tools clean
 
 test: $(STAMP) system-tools test-tools hub-tools lint
 	$(BIN)/python -m pytest
+
+# Between commits (a few minutes): lint, then the tests that need no browser, server, stock
+# nbgrader, kernel or grading run (`-m "not slow"`: the unit tests, and each notebook's checks
+# judged on its model solution and the first wrong answer of each exercise).
+check: $(STAMP) system-tools lint
+	$(BIN)/python -m pytest -m "not slow" --verdicts-wrong-only
 
 # Style (ruff), types (mypy, strict on the grader, the runner, the sandbox and the student
 # package: pyproject.toml) and the trust boundary's imports (import-linter's contract).

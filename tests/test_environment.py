@@ -5,6 +5,7 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
 import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -50,6 +51,7 @@ def test_pins_match_the_locked_environment():
         assert Version(version) in Requirement(f"{name}{spec}").specifier, name
 
 
+@pytest.mark.slow
 def test_the_tests_of_one_graded_notebook_share_a_worker():
     """--dist loadgroup sends the tests of one notebook's class batch to one worker, which
     grades it once (pytest 9.2 with pytest-xdist 3.8 drops the groups silently, and so did a
