@@ -55,7 +55,8 @@ def pytest_collection_modifyitems(config, items):
         params = item.callspec.params if hasattr(item, "callspec") else {}
         for grade_id in _exercises_of(params, labels) | _exercises_named(getattr(item, "originalname", item.name)):
             item.add_marker(getattr(pytest.mark, grade_id))
-    scheduling.schedule(items, ordered=config.getoption("dist") != "no")
+    # pytest-xdist's workers run with dist "no" and loadgroup set; the controller collects nothing.
+    scheduling.schedule(items, ordered=getattr(config.option, "loadgroup", False))
 
 
 def _exercises_by_label() -> dict[str, set[str]]:

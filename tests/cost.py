@@ -36,7 +36,9 @@ def pytest_configure(config):
     folder = config.getoption("--cost")
     if folder:
         worker = getattr(config, "workerinput", {}).get("workerid", "main")
-        config.pluginmanager.register(Recorder(Path(folder), worker), "cost-recorder")
+        # The controller of test workers counts none of its children: they are the workers.
+        controller = worker == "main" and config.getoption("dist", "no") != "no"
+        config.pluginmanager.register(Recorder(Path(folder), worker, not controller), "cost-recorder")
 
 
 def _cpu() -> tuple[float, float]:
@@ -53,9 +55,9 @@ def _names(item: pytest.Item) -> dict[str, str]:
 
 
 class Recorder:
-    def __init__(self, folder: Path, name: str) -> None:
+    def __init__(self, folder: Path, name: str, children: bool) -> None:
         folder.mkdir(parents=True, exist_ok=True)
-        self.folder, self.name = folder, name
+        self.folder, self.name, self.children = folder, name, children
         self.out = open(folder / f"{name}.jsonl", "w", buffering=1)
         self.started = time.time()
 
@@ -88,13 +90,13 @@ class Recorder:
     def pytest_sessionfinish(self):
         own, children = _cpu()
         self.out.write(json.dumps({"process": self.name, "session": True, "start": self.started,
-                                   "wall": time.time() - self.started, "cpu": own, "children": children}) + "\n")
+                                   "wall": time.time() - self.started, "cpu": own,
+                                   "children": children if self.children else 0.0}) + "\n")
         self.out.flush()
 
     @pytest.hookimpl(trylast=True)
     def pytest_terminal_summary(self, terminalreporter):
-        if self.name == "main":  # the controller, or a run without workers
-            self.pytest_sessionfinish()
+        if self.name == "main":  # the controller (its session recorded: this runs in its sessionfinish)
             terminalreporter.write_sep("-", "cost (tests/cost.py)")
             terminalreporter.write_line(summary(self.folder))
 
