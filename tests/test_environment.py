@@ -59,7 +59,7 @@ def test_the_tests_of_one_graded_notebook_share_a_worker():
     `make test`); so do the tests of one module-scoped fixture (a graded course: before
     tests/scheduling.py, test_red_team.py's was graded by each worker that ran one of its tests)."""
     planned = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "--setup-plan",
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "1", "-v", "--setup-plan",
          "tests/test_grading.py", "tests/test_engine_scores.py", "tests/test_red_team.py"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
