@@ -1,4 +1,4 @@
-"""`pytest --cost DIR`: what each test costs, and where a run's time goes.
+"""`pytest --cost=DIR`: what each test costs, and where a run's time goes.
 
 Each process of the run (every test worker, and the controller) writes JSON lines to
 DIR/NAME.jsonl: one per test phase (set-up, call, teardown) with its wall time and the
@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import os
 import resource
 import sys
 import time
@@ -26,16 +27,23 @@ import pytest
 from scheduling import COSTS
 
 SLOWEST = 10
+RECORDING = "AUTOGRAD_COURSE_COST_RECORDER"  # the pid of the run's main process
 
 
 def pytest_addoption(parser):
-    parser.addoption("--cost", metavar="DIR", help="record each test's wall and CPU time in DIR and summarise the run")
+    parser.addoption("--cost", metavar="DIR", help="record each test's wall and CPU time in DIR and summarise the run "
+                                                   "(write --cost=DIR: a test worker takes an existing DIR given "
+                                                   "apart for a test path)")
 
 
 def pytest_configure(config):
     folder = config.getoption("--cost")
-    if folder:
-        worker = getattr(config, "workerinput", {}).get("workerid", "main")
+    worker = getattr(config, "workerinput", {}).get("workerid", "main")
+    # Only the run's own processes record: not a pytest that a test runs (PYTEST_ADDOPTS
+    # passes it --cost too), whose processes count as that test's children already.
+    ours = os.environ.get(RECORDING) == str(os.getppid()) if worker != "main" else RECORDING not in os.environ
+    if folder and ours:
+        os.environ[RECORDING] = str(os.getpid())  # for its test workers, started after this
         # The controller of test workers counts none of its children: they are the workers.
         controller = worker == "main" and config.getoption("dist", "no") != "no"
         config.pluginmanager.register(Recorder(Path(folder), worker, not controller), "cost-recorder")

@@ -9,7 +9,7 @@ unit of its own.
 The units start longest first (as `--no-loadscope-reorder` keeps them), so that no long
 unit starts when the others are nearly done and leaves the other workers idle. How long
 each is comes from tests/costs.json, the seconds each took in a run measured with
-`pytest --cost DIR` (tests/cost.py writes it); a unit it does not know counts a second a test.
+`pytest --cost=DIR` (tests/cost.py writes it); a unit it does not know counts a second a test.
 """
 from __future__ import annotations
 
