@@ -179,7 +179,7 @@ class ClassBatch:
     exercises: list[Exercise]
     submissions: dict[str, Submission]
     result: subprocess.CompletedProcess
-    read: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict, repr=False)
+    scores_read: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict, repr=False)
 
     # What stock nbgrader also grades in `make test`: a wrong and a right answer of every
     # exercise (right0 passes every graded cell, as the model does); `make compare-stock`
@@ -206,9 +206,9 @@ class ClassBatch:
 
     def scores(self, student: str) -> dict[str, tuple[float, float]]:
         """Course.scores, read from the gradebook once per submission (hundreds of tests ask)."""
-        if student not in self.read:
-            self.read[student] = self.course.scores(self.slug, student)
-        return self.read[student]
+        if student not in self.scores_read:
+            self.scores_read[student] = self.course.scores(self.slug, student)
+        return self.scores_read[student]
 
     def points(self, student: str, exercise: Exercise) -> tuple[float, float]:
         scores = self.scores(student)
