@@ -43,7 +43,12 @@ class Exercise:
     heading: str  # "Exercise 4.6 · Conv2d ..." (the last "## " heading above it)
     index: int  # the answer cell's index in the solution notebook
     graded: tuple[GradedCell, ...]
-    checks: tuple[Check, ...]
+    check_names: tuple[str, ...]  # qualified names of the checks its graded cells call
+
+    @property
+    def checks(self) -> tuple[Check, ...]:
+        """Its checks, found in their modules (which import torch: read only when asked)."""
+        return tuple(_check(name) for name in self.check_names)
 
 
 @functools.cache
@@ -64,11 +69,11 @@ def exercises(root: Path = authoring.ROOT) -> tuple[Exercise, ...]:
                 found[slug, current.grade_id] = current
             elif meta.get("grade") and current is not None:
                 hidden = "### BEGIN HIDDEN TESTS" in cell.source
-                checks = tuple(c for c in _checks(cell.source, imported) if c not in current.checks)
+                checks = tuple(c for c in _checks(cell.source, imported) if c not in current.check_names)
                 current = found[slug, current.grade_id] = Exercise(
                     current.grade_id, slug, current.heading, current.index,
                     (*current.graded, GradedCell(meta["grade_id"], index, meta.get("points", 0), hidden)),
-                    (*current.checks, *checks))
+                    (*current.check_names, *checks))
     return tuple(found.values())
 
 
@@ -94,10 +99,11 @@ def _imported_names(nb: nbformat.NotebookNode) -> dict[str, str]:
     return names
 
 
-def _checks(source: str, imported: dict[str, str]) -> list[Check]:
+def _checks(source: str, imported: dict[str, str]) -> list[str]:
+    """Qualified names of the course's functions a cell calls."""
     called = [node.func.id for node in ast.walk(ast.parse(source))
               if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in imported]
-    return [_check(imported[name]) for name in dict.fromkeys(called)]
+    return [imported[name] for name in dict.fromkeys(called)]
 
 
 @functools.cache
