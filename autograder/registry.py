@@ -51,10 +51,14 @@ class Exercise:
         return tuple(_check(name) for name in self.check_names)
 
 
-@functools.cache
 def exercises(root: Path = authoring.ROOT) -> tuple[Exercise, ...]:
     """Every exercise of every notebook in solutions/, in course order. (A grade_id is unique
     within its notebook only: 02 and 07 both have an `hvp`.)"""
+    return _exercises(root)
+
+
+@functools.cache  # (keyed by the root alone, however it was passed)
+def _exercises(root: Path) -> tuple[Exercise, ...]:
     found: dict[tuple[str, str], Exercise] = {}
     for slug in authoring.assignments(root):
         nb = nbformat.read(authoring.solution_path(slug, root), as_version=4)
@@ -92,7 +96,7 @@ def _imported_names(nb: nbformat.NotebookNode) -> dict[str, str]:
             tree = ast.parse(cell.source)
         except SyntaxError:  # IPython magics
             continue
-        for node in ast.walk(tree):
+        for node in tree.body:  # a notebook imports at the top level of its cells
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("autograder."):
                 for alias in node.names:
                     names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
