@@ -61,7 +61,7 @@ def release() -> None:
         display.phase("normalising solutions/ ...")
         changed = authoring.normalize_all()
         for n, slug in enumerate(slugs, 1):
-            display.phase(f"{slug} ({n} of {len(slugs)}): nbgrader generate_assignment ...")
+            display.phase(f"{slug} ({n} of {len(slugs)}) ...")
             try:
                 authoring.release(slugs=[slug])
             except NbGraderException as error:

@@ -85,17 +85,8 @@ INIT = '''\
 __version__ = "{version}"
 '''
 
-README = '''\
-# Autograd, from the inside — student notebooks
-
-Notebooks that teach how PyTorch's autograd works inside and how to write correct custom
-`torch.autograd.Function`s. Each exercise has a check you can run; your instructor grades
-the hidden checks.
-
-| # | notebook | open in Colab |
-|---|---|---|
-{rows}
-
+# How to work on the course, in both editions' READMEs.
+OWN_MACHINE = '''\
 ## In Google Colab
 
 Open a notebook with its link above (or File → Open notebook → GitHub, and paste this
@@ -112,16 +103,34 @@ copy in Drive).
     cp -r course my-work                              # work on your own copy
     jupyter lab my-work
 
+On Linux without an NVIDIA GPU, install PyTorch's CPU build first
+(`pip install torch --index-url https://download.pytorch.org/whl/cpu`): PyPI's torch for
+Linux is the CUDA build, a 527 MB wheel plus the `nvidia-*` libraries it needs.
+
 Graphs in notebook 07 are drawn by Graphviz's `dot` program (`apt-get install graphviz`,
 `brew install graphviz`, `conda install -c conda-forge graphviz`); without it they are
 shown as text.
 
-## Handing in
+'''
+
+README = '''\
+# Autograd, from the inside — student notebooks
+
+Notebooks that teach how PyTorch's autograd works inside and how to write correct custom
+`torch.autograd.Function`s. Each exercise has a check you can run; your instructor grades
+the hidden checks.
+
+| # | notebook | open in Colab |
+|---|---|---|
+{rows}
+
+''' + OWN_MACHINE + '''## Handing in
 
 The last cell of every notebook hands it in: write your student id between its quotes and
 run it. It saves the notebook and writes `your-student-id__SLUG.zip` beside it (in Colab
 it also downloads it), your notebook as your instructor's grading tools expect it. Upload
-that file where your instructor asks.
+that file where your instructor asks. On a JupyterHub whose menu has Nbgrader → Assignment
+List, submit there instead (the cell says so).
 '''
 
 SELF_STUDY_README = '''\
@@ -136,27 +145,7 @@ one; the last cell of a notebook adds up your points.
 |---|---|---|
 {rows}
 
-## In Google Colab
-
-Open a notebook with its link above (or File → Open notebook → GitHub, and paste this
-repository's address). Run the first cell: it installs this course's checks (a few
-seconds; Colab's own PyTorch stays) and prints `torch ...; checks run on ...`. If the
-install fails it says why (most often: the runtime has no internet) — run the cell again.
-Colab keeps your work in your Google Drive only if you save a copy there (File → Save a
-copy in Drive).
-
-## On your own machine (JupyterLab)
-
-    python -m venv .venv && . .venv/bin/activate      # Windows: .venv\\Scripts\\activate
-    pip install -e . jupyterlab                       # the checks, torch and JupyterLab
-    cp -r course my-work                              # work on your own copy
-    jupyter lab my-work
-
-Graphs in notebook 07 are drawn by Graphviz's `dot` program (`apt-get install graphviz`,
-`brew install graphviz`, `conda install -c conda-forge graphviz`); without it they are
-shown as text.
-
-## What the checks tell you
+''' + OWN_MACHINE + '''## What the checks tell you
 
 A check names the input, the expected and the actual value, and the likely mistake. A class
 taught with this course is also graded on hidden checks (other inputs, other shapes); they
