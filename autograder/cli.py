@@ -305,6 +305,9 @@ def publish(
         publishing.build(out.resolve(), self_study=self_study)
     except publishing.PublishError as error:
         raise fail(str(error)) from None
+    except OSError as error:  # a folder it may not write, a full disk
+        raise fail(f"publishing into {out} stopped: {error.strerror or error} ({error.filename or out}); what it "
+                   f"wrote is listed in {publishing.MARKER}, so publishing again replaces it", 1) from None
     edition = ("the self-study edition of the student package (quiz keys included)" if self_study
                else "the student package")
     typer.echo(f"{out}/ holds {edition} and {len(publishing.released())} notebooks; commit everything (with "

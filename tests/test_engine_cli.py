@@ -74,6 +74,30 @@ def test_help_lists_every_command_whole_shows_no_type_after_a_flag_and_a_version
     assert run("--version").stdout == f"autograder {autograder.__version__}\n"
 
 
+NEVER_RICH = """
+import atexit, sys
+atexit.register(lambda: print("rich_utils loaded:", "typer.rich_utils" in sys.modules))
+from autograder import cli, registry
+for args in (["--help"], ["grade", "--help"], ["grade", "--bogus"]):
+    try:
+        cli.app(args)
+    except SystemExit:
+        pass
+registry.named = lambda grade_id: 1 / 0  # a failure nobody foresaw, inside a command
+cli.app(["exercise", "conv2d"])
+"""
+
+
+def test_help_errors_and_tracebacks_never_load_typers_rich_formatting():
+    """typer imports its rich_utils when it formats help, a usage error or a traceback with
+    rich; a publish that had deleted .venv under the running command ended in `ImportError:
+    cannot import name 'rich_utils' from 'typer'`. Plain help, errors and tracebacks need no
+    import at that moment."""
+    shown = subprocess.run([sys.executable, "-c", NEVER_RICH], capture_output=True, text=True, timeout=120)
+    assert "rich_utils loaded: False" in shown.stdout, shown.stdout
+    assert "No such option: --bogus" in shown.stderr and "ZeroDivisionError" in shown.stderr, shown.stderr
+
+
 def test_a_flag_given_a_value_is_named(released):
     """`grade --force true` is the flag, then an assignment named "true"."""
     line = refused(released, "--force", "true")
