@@ -269,9 +269,9 @@ def build(out: Path, root: Path = authoring.ROOT, self_study: bool = False) -> P
     earlier build (its MARKER): the files that build wrote are replaced, anything else in
     `out` stays. Any other folder is refused (PublishError) before anything is written.
     """
-    out = Path(os.path.abspath(out))
-    check_edition(out, root, self_study)
+    out = Path(out).resolve()
     before = _written_before(out, root)
+    check_edition(out, root, self_study)
     with tempfile.TemporaryDirectory(prefix="autograder-publish-") as staging:
         built = Path(staging)
         _build_into(built, root, self_study)
@@ -309,7 +309,7 @@ def _written_before(out: Path, root: Path) -> list[str]:
     """The files an earlier build wrote in `out` ([] for an empty or new folder); PublishError
     for the course root or a folder above it, a folder with a course's own files, or a folder
     that `build` did not write."""
-    root = Path(os.path.abspath(root))
+    root = Path(root).resolve()
     if root.is_relative_to(out):
         what = "the course root" if out == root else f"a folder above the course root {root}"
         raise PublishError(f"{out} is {what}: publishing there would replace the course itself; publish into an "
