@@ -171,8 +171,9 @@ def run(task: Task, models: dict[str, dict[str, str]], out: Path, cuda: bool, de
     env = {**os.environ, **ONE_THREAD, **(CPU_ONLY if task.cpu_only else {})}
     started = time.monotonic()
     if task.name == "class-batch":
-        done = run_process([sys.executable, gpu_grade.__file__, "--batch", str(out)] + (["--cuda"] if cuda else []),
-                           timeout, env)
+        with tempfile.TemporaryDirectory(prefix="gpu-grade-", ignore_cleanup_errors=True) as work:
+            done = run_process([sys.executable, gpu_grade.__file__, "--batch", str(out), work]
+                               + (["--cuda"] if cuda else []), timeout, env)
         lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
         task.result = json.loads(lines[-1]) if lines and not done.timed_out else None
         task.error = "" if task.result else f"exit {done.returncode}: {done.stderr.strip()[-1500:]}"
@@ -198,12 +199,13 @@ def run(task: Task, models: dict[str, dict[str, str]], out: Path, cuda: bool, de
 
 def estimate(task: Task, done: list[Task]) -> float:
     """Seconds `task` should take: the slowest finished run of its notebook so far (before one,
-    of any notebook), with a margin; before any run nothing is known, and the first tasks start."""
-    if task.name == "class-batch":
-        return gpu_grade.ESTIMATE
-    runs = [t.seconds for t in done if t.finished and t.name != "class-batch"]
-    own = [t.seconds for t in done if t.finished and t.slug == task.slug and t.name != "class-batch"]
-    return min(RUN_TIMEOUT, MARGIN * max(own or runs)) if runs else 0.0
+    of any notebook), with a margin, and the class batch as many as gpu_grade.RUNS of them;
+    before any run nothing is known, and the first tasks start."""
+    runs = [t for t in done if t.finished and t.name != "class-batch"]
+    if not runs:
+        return 0.0
+    slowest = max(t.seconds for t in [t for t in runs if t.slug == task.slug] or runs)
+    return gpu_grade.RUNS * slowest if task.name == "class-batch" else min(RUN_TIMEOUT, MARGIN * slowest)
 
 
 @functools.cache
@@ -381,7 +383,7 @@ def markdown(report: dict) -> str:
         + (f" (CUDA {env['cuda']})" if env["cuda"] else "") + f", {env['cores']} cores, {report['jobs']} jobs; "
         f"{report['seconds']:.0f} s of a {report['budget']:.0f} s budget.",
         "",
-        "| part | tasks finished | seconds | CPU seconds |",
+        "| part | tasks finished | seconds (the tasks' own, summed) | CPU seconds |",
         "|---|---|---|---|",
     ]
     lines += [f"| {p['part']} | {p['tasks'][0]}/{p['tasks'][1]} | {p['seconds']:.0f} | {p['cpu_seconds']:.0f} |"
@@ -404,8 +406,9 @@ def markdown(report: dict) -> str:
         lines += [f"| {d['notebook']} | {d['exercise']} | {d['bug']} | {d['caught']} ({d['expected']}) | "
                   f"{d['cpu_only_run']} | {d['cuda_run']} | {d['verdict']} |" for d in report["devices"]]
     grading = report["grading"]
+    not_run = "left out for time" if report["final"] else "not run yet"
     lines += ["", "## Class batch with the real grader", "",
-              grading.get("table") or f"Skipped: {grading.get('skipped', 'not run yet')}"]
+              grading.get("table") or f"Skipped: {grading.get('skipped', not_run)}"]
     lines += ["", "## Not run" + (": left out for time" if report["final"] else " yet"), ""]
     lines += _by_notebook(report["not_run"]) or ["- nothing"]
     lines += ["", "## Skipped", ""] + ([f"- {s}" for s in report["skipped"]] or ["- nothing"])
@@ -419,7 +422,7 @@ def _by_notebook(labels: list[str]) -> list[str]:
     for label in labels:
         slug, name = label.split(" ", 1)
         by_slug.setdefault(slug, []).append(name)
-    return [f"- {slug}: {', '.join(names)}" for slug, names in by_slug.items()]
+    return [f"- {slug}: {', '.join(names)}" for slug, names in sorted(by_slug.items())]
 
 
 def refusal(args: argparse.Namespace) -> str | None:

@@ -9,7 +9,7 @@ There the wheels are installed offline in a throwaway virtual environment that a
 machine's own torch and numpy; gpu_check.py refuses to start without them (`missing`).
 
     python3 bench/gpu_grade.py --download [--python-version 3.12.3]   # make gpu-wheels
-    python3 bench/gpu_grade.py --batch OUT [--cuda]                   # what gpu_check.py runs
+    python3 bench/gpu_grade.py --batch OUT WORK [--cuda]              # what gpu_check.py runs
 """
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ import os
 import platform
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -36,7 +35,9 @@ PACKAGES = Path(__file__).with_name("gpu_wheels.txt")
 SLUG = "03_function_basics"  # quick to grade, with device bugs of every kind
 MAX_MIB = 56  # of wheels: the GPU machine receives 64 MiB with the working tree (about 3)
 CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""}
-ESTIMATE = 240  # seconds the batch takes (gpu_check.py schedules by it)
+# The batch takes about as long as this many runs of its notebook by gpu_check.py (measured on
+# 2 busy cores: 339-362 s, against 32-37 s for the slowest of them): it starts only where that fits.
+RUNS = 12
 
 
 def download(python_version: str) -> None:
@@ -73,11 +74,20 @@ def _download_bubblewrap() -> None:
         print(f"{BWRAP.relative_to(REPO)}: from {deb.name}")
 
 
-def bubblewrap() -> str | None:
-    """The bwrap to sandbox with: the one carried (build/gpu-check/bin), where it runs here, else the machine's own."""
-    if BWRAP.exists() and subprocess.run([str(BWRAP), "--version"], capture_output=True).returncode == 0:
-        return str(BWRAP)
-    return shutil.which("bwrap")
+def bubblewrap() -> tuple[str | None, str]:
+    """(the bwrap to sandbox with, "") or (None, why there is none): the one carried
+    (build/gpu-check/bin) where it runs here, else the machine's own."""
+    carried = ""
+    if BWRAP.exists():
+        tried = subprocess.run([str(BWRAP), "--version"], capture_output=True, text=True)
+        if tried.returncode == 0:
+            return str(BWRAP), ""
+        carried = f"the one carried does not run ({tried.stderr.strip()[-200:] or tried.returncode}), "
+    found = shutil.which("bwrap")
+    if found:
+        return found, ""
+    return None, (f"no bubblewrap (bwrap) here: {carried or f'none carried in {BWRAP.parent.relative_to(REPO)}, '}"
+                  f"none installed (make gpu-wheels, on Debian or Ubuntu)")
 
 
 def missing() -> str | None:
@@ -90,32 +100,25 @@ def missing() -> str | None:
     if wanted != here:
         return (f"the wheels in {WHEELS.relative_to(REPO)} are for Python {wanted}, this is Python {here}: "
                 f"make gpu-wheels ARGS=\"--python-version {platform.python_version()}\"")
-    if bubblewrap() is None:
-        return (f"no bubblewrap (bwrap) here, and none carried in {BWRAP.parent.relative_to(REPO)} "
-                f"(make gpu-wheels, on Debian or Ubuntu)")
-    return None
+    return bubblewrap()[1] or None
 
 
-def batch(out: Path, cuda: bool) -> dict:
-    """Grade the batch on the GPU and on the CPU; {"table", "problems", ...}, or {"skipped": why}."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped for time: still remove the environment
-    work = Path(tempfile.mkdtemp(prefix="gpu-grade-"))
-    try:
-        started = time.monotonic()
-        python, how = _environment(work / "venv")
-        if python is None:
-            return {"skipped": how, "problems": ["the class batch could not be graded"]}
-        prepared = time.monotonic() - started
-        path = os.pathsep.join([str(Path(bubblewrap() or "bwrap").parent), os.environ.get("PATH", "")])
-        done = subprocess.run([python, __file__, "--inside", str(work / "course"), str(cuda)], capture_output=True,
-                              text=True, env={**os.environ, "PATH": path})
-        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-        if done.returncode != 0 or not lines:
-            return {"skipped": f"grading failed (exit {done.returncode}): {done.stderr.strip()[-1500:]}",
-                    "problems": ["the class batch could not be graded"]}
-        graded = json.loads(lines[-1])
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+def batch(out: Path, work: Path, cuda: bool) -> dict:
+    """Grade the batch on the GPU and on the CPU, in `work` (which the caller removes, also when it
+    stops this for time); {"table", "problems", ...}, or {"skipped": why}."""
+    started = time.monotonic()
+    python, how = _environment(work / "venv")
+    if python is None:
+        return {"skipped": how, "problems": ["the class batch could not be graded"]}
+    prepared = time.monotonic() - started
+    path = os.pathsep.join([str(Path(bubblewrap()[0] or "bwrap").parent), os.environ.get("PATH", "")])
+    done = subprocess.run([python, __file__, "--inside", str(work / "course"), str(cuda)], capture_output=True,
+                          text=True, env={**os.environ, "PATH": path})
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        return {"skipped": f"grading failed (exit {done.returncode}): {done.stderr.strip()[-1500:]}",
+                "problems": ["the class batch could not be graded"]}
+    graded = json.loads(lines[-1])
     graded["environment"] = {"seconds": round(prepared, 1), "torch": how}
     (out / "grading.json").write_text(json.dumps(graded, indent=1) + "\n")
     return _judged(graded, cuda)
@@ -264,14 +267,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--download", action="store_true", help="download the wheels (make gpu-wheels)")
     parser.add_argument("--python-version", default="3.12.3", help="of the GPU machine's python3")
-    parser.add_argument("--batch", type=Path, metavar="OUT", help="grade the batch; its judgement as JSON")
+    parser.add_argument("--batch", nargs=2, type=Path, metavar=("OUT", "WORK"),
+                        help="grade the batch in the folder WORK; its judgement as JSON")
     parser.add_argument("--cuda", action="store_true", help="with --batch: the GPU run has CUDA")
     parser.add_argument("--inside", nargs=2, metavar=("ROOT", "CUDA"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.inside:
         inside(Path(args.inside[0]), args.inside[1] == "True")
     elif args.batch:
-        print(json.dumps(batch(args.batch, args.cuda)), flush=True)
+        print(json.dumps(batch(*args.batch, args.cuda)), flush=True)
     elif args.download:
         download(args.python_version)
     else:

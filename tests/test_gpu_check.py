@@ -113,7 +113,7 @@ def test_the_most_valuable_work_comes_first_and_none_starts_that_cannot_end_with
 
     monkeypatch.setattr(gpu_check, "time", clock)
     monkeypatch.setattr(gpu_check, "run", run)
-    monkeypatch.setattr(gpu_grade, "ESTIMATE", 50)
+    monkeypatch.setattr(gpu_grade, "RUNS", 2)  # the class batch: 2 runs of its notebook, 60 s
     slugs = ["03_function_basics", "04_gradient_patterns"]
     todo = gpu_check.tasks(slugs, cuda=True, quick=False, class_batch=True)
     args = argparse.Namespace(out=tmp_path, budget=300, jobs=1, quick=False, class_batch=True)
@@ -127,7 +127,7 @@ def test_the_most_valuable_work_comes_first_and_none_starts_that_cannot_end_with
     assert [t.part for t, _ in ran] == sorted(t.part for t, _ in ran)
     assert ran[2 + len(only_cuda)][0].name == "class-batch"
     for task, start in ran:  # each started where its estimate (the slowest run of its notebook, x1.25) fits
-        assert start + (50 if task.name == "class-batch" else 1.25 * 30 if start else 0) <= 300
+        assert start + (60 if task.name == "class-batch" else 1.25 * 30 if start else 0) <= 300
     assert clock.now <= 300 and len(ran) < len(todo)
     assert report["not_run"] == [t.label for t in todo if t not in [r for r, _ in ran]] and not report["complete"]
     for finished, written in enumerate(reports[1:], 1):  # rewritten after every task, incomplete meanwhile
@@ -136,6 +136,20 @@ def test_the_most_valuable_work_comes_first_and_none_starts_that_cannot_end_with
     table = (tmp_path / "report.md").read_text()
     assert f"INCOMPLETE: {len(report['not_run'])} task(s) left out for time" in table
     assert "## Not run: left out for time" in table and "graded" in table
+
+
+def test_a_task_the_budget_stops_is_not_run_and_one_past_its_own_limit_scores_what_it_finished(tmp_path,
+                                                                                                 monkeypatch):
+    stopped = gpu_check.Finished('{"slug": "03_function_basics"}\n', "", -15, 1.0, timed_out=True)
+    monkeypatch.setattr(gpu_check, "run_process", lambda argv, timeout, env: stopped)
+    models = {"03_function_basics": {}}
+    by_budget = gpu_check.run(gpu_check.Task("03_function_basics", "model", 0), models, tmp_path, False,
+                              time.monotonic() + 30)
+    assert by_budget.stopped_for_time and not by_budget.finished
+    by_own_limit = gpu_check.run(gpu_check.Task("03_function_basics", "model", 0), models, tmp_path, False,
+                                 time.monotonic() + 1000)
+    assert by_own_limit.finished and by_own_limit.result == {"slug": "03_function_basics", "cells": []}
+    assert by_own_limit.error == "stopped after 120 s: the cells it did not finish score 0"
 
 
 def test_what_it_cannot_start_without_is_said_in_one_line(tmp_path, monkeypatch):
@@ -168,7 +182,13 @@ def test_what_it_cannot_start_without_is_said_in_one_line(tmp_path, monkeypatch)
     assert "are for Python 2.7, this is Python 3." in gpu_check.refusal(args)
     (gpu_grade.WHEELS / "python-version").write_text(f"{sys.version_info.major}.{sys.version_info.minor}\n")
     monkeypatch.setattr(gpu_grade.shutil, "which", lambda name: None)
-    assert gpu_check.refusal(args).startswith("no bubblewrap (bwrap) here, and none carried in build/gpu-check/bin")
+    assert gpu_check.refusal(args).startswith("no bubblewrap (bwrap) here: none carried in build/gpu-check/bin, none "
+                                              "installed (make gpu-wheels")
+    gpu_grade.BWRAP.parent.mkdir()
+    gpu_grade.BWRAP.write_text("#!/bin/sh\necho 'bwrap: libcap.so.2: not found' >&2; exit 127\n")
+    gpu_grade.BWRAP.chmod(0o755)
+    said = gpu_check.refusal(args)
+    assert "here: the one carried does not run (bwrap: libcap.so.2: not found), none installed" in said
     monkeypatch.setattr(gpu_grade.shutil, "which", lambda name: "/usr/bin/bwrap")
     assert gpu_check.refusal(args) is None
 
