@@ -175,7 +175,8 @@ def test_the_mistakes_formulas_without_a_mistake_are_autograds():
      "w2 is clamped between forward and backward"),
     ("moves the clamp after the update, keeps the dropout through .data", "train_step: after step 1, w1",
      "the dropout is still written through `.data`"),
-    ("dropout in place through .detach() (the version error)", "train_step: step 1 raised RuntimeError: one of the",
+    ("dropout in place through .detach() (the version error)",
+     "train_step: step 1 failed: a tensor saved for backward was modified in place.",
      "Make the dropout out of place"),
     ("assigns h.data = h.data * mask (the mask never enters the graph)", "train_step: after step 1, w1",
      "misses the mask's factor"),
@@ -183,7 +184,7 @@ def test_the_mistakes_formulas_without_a_mistake_are_autograds():
     ("clamps w2 after backward but before the update", "train_step: after step 1, w2",
      "the update must start from the w2 the loss used"),
     ("never resets the gradients", "train_step: after step 2, w1", "never reset"),
-    ("updates the weights without torch.no_grad()", "train_step: step 1 raised RuntimeError: a leaf Variable",
+    ("updates the weights without torch.no_grad()", "train_step: step 1 modifies a leaf tensor that requires grad",
      "under `torch.no_grad()`"),
     ("rebinds the names instead of updating the tensors", "train_step: after step 1, w1", "did not change"),
     ("detaches h for the dropout (w1 gets no gradient)", "train_step: step 1 raised TypeError", "is None"),
@@ -204,6 +205,13 @@ def test_a_step_that_returns_no_number_is_told_so():
         return "done"
 
     assert failure(ex.check_train_step, train_step).startswith("train_step returned a str, not the loss as a float.")
+
+
+def test_a_step_not_written_yet_is_told_so():
+    def train_step(params, x, target, mask, lr):
+        raise NotImplementedError()
+
+    assert "not implemented yet" in failure(ex.check_train_step, train_step)
 
 
 # --- The diagnosis key: what torch does with the notebook's own programs -------------------

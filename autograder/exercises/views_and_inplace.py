@@ -400,9 +400,9 @@ def check_train_step(train_step: Any, *, case: StepCase = StepCase(), seed: int 
     except (KeyError, TypeError) as bad:
         raise probe.Malformed(f"malformed training report: {bad}") from None
     if error is not None:
-        cause = next((c for key, c in STEP_ERRORS.items() if key in error.message), None)
-        fail(f"train_step: {error.stage} raised {error.type}: {error.message.splitlines()[0][:300]}", shown,
-             cause=cause)
+        what, cause = explain.error(error.stage, error.type, error.message, [])
+        fail(f"train_step: {what}.", shown,
+             cause=next((c for key, c in STEP_ERRORS.items() if key in error.message), cause))
     want_losses, want_after = _right_steps(data, case.steps)
     if len(losses) != case.steps:
         raise probe.Malformed("malformed training report: steps")
