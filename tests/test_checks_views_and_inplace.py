@@ -77,34 +77,6 @@ def test_softmax_right(capsys):
     assert out.count("(the whole base): forward, backward and double backward agree with the reference") == 2
 
 
-@pytest.mark.parametrize("label, start, cause", [
-    ("forgets mark_dirty", "Softmax_ accepted a view of a leaf that requires grad and silently overwrote",
-     "without `ctx.mark_dirty(x)`"),
-    ("writes through .data, without mark_dirty", "Softmax_: after the call, x's version counter moved by 0",
-     "`.data` has a version counter of its own"),
-    ("computes out of place and returns a new tensor", "Softmax_ did not modify its input", "x's own memory"),
-    ("marks x dirty but returns a copy", "Softmax_: forward raised RuntimeError: Some elements marked as dirty",
-     "return x itself"),
-    ("assigns x.data instead of writing into x", "Softmax_ accepted an expanded x without an error, and the base still",
-     "`x.data = ...`"),
-    ("computes in x.contiguous() (a copy for a column slice)", "Softmax_ accepted an expanded x", "into a copy"),
-    ("exponentiates without subtracting the maximum (nan for large x)", "Softmax_ wrote wrong values into x.",
-     "subtract each row's maximum"),
-    ("backward forgets the sum's term", "Softmax_ on base[:, 1:5] (the whole base): wrong gradient for `x`.",
-     "through the sum"),
-    ("saves a copy of the input and recomputes softmax", "Softmax_ saved the intermediate x.clone() of shape (4, 5)",
-     "an in-place Function exists to save"),
-    ("stashes the output on ctx", "Softmax_: tensor `ctx.y` (the output of shape (4, 5), 160 bytes) is stashed",
-     "reference cycle"),
-    ("backward writes into grad_output", "Softmax_: backward modified grad_output in place.", "grad_output belongs"),
-    ("backward writes into the saved output", "Softmax_: backward modified a saved tensor in place", "new tensor"),
-])
-def test_softmax_mistakes_are_named(label, start, cause):
-    message = failure(ex.check_softmax_, answer(label, "Softmax_"))
-    assert message.startswith(start), message
-    assert cause in message.split("Likely cause:")[-1], message
-
-
 @pytest.mark.parametrize("label, view, cause", [
     ("flattens the leading dims with reshape (a copy for a permutation)", "base.permute(2, 0, 1)", "into a copy of x"),
     ("softmax over dim 1, right for 2-d only", "base[:, :, 0:6:2]", "softmax over dim 1, not over the last dim"),
@@ -168,29 +140,66 @@ def test_the_mistakes_formulas_without_a_mistake_are_autograds():
     assert all(torch.allclose(a, b) for xs, ys in zip(after, mistaken_after) for a, b in zip(xs, ys))
 
 
-@pytest.mark.parametrize("label, start, cause", [
-    ("the given step, both .data writes kept", "train_step: after step 1, w1 is not w1 − lr",
+MISTAKES = [
+    ("softmax", "forgets mark_dirty", "Softmax_ accepted a view of a leaf that requires grad and silently overwrote",
+     "without `ctx.mark_dirty(x)`"),
+    ("softmax", "writes through .data, without mark_dirty", "Softmax_: after the call, x's version counter moved by 0",
+     "`.data` has a version counter of its own"),
+    ("softmax", "computes out of place and returns a new tensor",
+     "Softmax_ did not modify its input", "x's own memory"),
+    ("softmax", "marks x dirty but returns a copy",
+     "Softmax_: forward raised RuntimeError: Some elements marked as dirty",
+     "return x itself"),
+    ("softmax", "assigns x.data instead of writing into x",
+     "Softmax_ accepted an expanded x without an error, and the base still",
+     "`x.data = ...`"),
+    ("softmax", "computes in x.contiguous() (a copy for a column slice)",
+     "Softmax_ accepted an expanded x", "into a copy"),
+    ("softmax", "exponentiates without subtracting the maximum (nan for large x)",
+     "Softmax_ wrote wrong values into x.",
+     "subtract each row's maximum"),
+    ("softmax", "backward forgets the sum's term", "Softmax_ on base[:, 1:5] (the whole base): wrong gradient for `x`.",
+     "through the sum"),
+    ("softmax", "saves a copy of the input and recomputes softmax",
+     "Softmax_ saved the intermediate x.clone() of shape (4, 5)",
+     "an in-place Function exists to save"),
+    ("softmax", "stashes the output on ctx",
+     "Softmax_: tensor `ctx.y` (the output of shape (4, 5), 160 bytes) is stashed",
+     "reference cycle"),
+    ("softmax", "backward writes into grad_output",
+     "Softmax_: backward modified grad_output in place.", "grad_output belongs"),
+    ("softmax", "backward writes into the saved output",
+     "Softmax_: backward modified a saved tensor in place", "new tensor"),
+    ("train_step", "the given step, both .data writes kept", "train_step: after step 1, w1 is not w1 − lr",
      "both silent corruptions are still there"),
-    ("fixes the dropout, keeps clamping w2 through .data before backward", "train_step: after step 1, w1",
+    ("train_step", "fixes the dropout, keeps clamping w2 through .data before backward", "train_step: after step 1, w1",
      "w2 is clamped between forward and backward"),
-    ("moves the clamp after the update, keeps the dropout through .data", "train_step: after step 1, w1",
+    ("train_step", "moves the clamp after the update, keeps the dropout through .data", "train_step: after step 1, w1",
      "the dropout is still written through `.data`"),
-    ("dropout in place through .detach() (the version error)",
+    ("train_step", "dropout in place through .detach() (the version error)",
      "train_step: step 1 failed: a tensor saved for backward was modified in place.",
      "Make the dropout out of place"),
-    ("assigns h.data = h.data * mask (the mask never enters the graph)", "train_step: after step 1, w1",
+    ("train_step", "assigns h.data = h.data * mask (the mask never enters the graph)", "train_step: after step 1, w1",
      "misses the mask's factor"),
-    ("clamps w2 in the forward", "train_step: step 1 returned the loss", "that changes the loss"),
-    ("clamps w2 after backward but before the update", "train_step: after step 1, w2",
+    ("train_step", "clamps w2 in the forward", "train_step: step 1 returned the loss", "that changes the loss"),
+    ("train_step", "clamps w2 after backward but before the update", "train_step: after step 1, w2",
      "the update must start from the w2 the loss used"),
-    ("never resets the gradients", "train_step: after step 2, w1", "never reset"),
-    ("updates the weights without torch.no_grad()", "train_step: step 1 modifies a leaf tensor that requires grad",
+    ("train_step", "never resets the gradients", "train_step: after step 2, w1", "never reset"),
+    ("train_step", "updates the weights without torch.no_grad()",
+     "train_step: step 1 modifies a leaf tensor that requires grad",
      "under `torch.no_grad()`"),
-    ("rebinds the names instead of updating the tensors", "train_step: after step 1, w1", "did not change"),
-    ("detaches h for the dropout (w1 gets no gradient)", "train_step: step 1 raised TypeError", "is None"),
-])
-def test_train_step_mistakes_are_named(label, start, cause):
-    message = failure(ex.check_train_step, answer(label, "train_step"))
+    ("train_step", "rebinds the names instead of updating the tensors",
+     "train_step: after step 1, w1", "did not change"),
+    ("train_step", "detaches h for the dropout (w1 gets no gradient)",
+     "train_step: step 1 raised TypeError", "is None"),
+]
+
+
+@pytest.mark.parametrize("exercise, label, start, cause", MISTAKES)
+def test_mistakes_are_named(exercise, label, start, cause):
+    check, name = {"softmax": (ex.check_softmax_, "Softmax_"),
+                   "train_step": (ex.check_train_step, "train_step")}[exercise]
+    message = failure(check, answer(label, name))
     assert message.startswith(start), message
     assert cause in message.split("Likely cause:")[-1], message
 

@@ -142,7 +142,8 @@ def _check_plain(student: Any, values: torch.Tensor) -> None:
              cause="write the softmax into x's own memory and return x: an in-place Function saves the memory "
                    "of a new output, which is its point.")
     if not torch.allclose(report["after"], want, rtol=1e-6, atol=1e-9):
-        fail("Softmax_ wrote wrong values into x.", *shown, f"expected {show(want)}", f"actual   {show(report['after'])}",
+        fail("Softmax_ wrote wrong values into x.", *shown, f"expected {show(want)}",
+             f"actual   {show(report['after'])}",
              cause=_values_cause(values, report["after"]))
     if report["witness"] != "version error":
         fail(f"Softmax_: after the call, x's version counter moved by {report['version']}, and a tensor saved from x "
@@ -279,7 +280,8 @@ def _draw(case: StepCase, generator: torch.Generator) -> dict[str, Any]:
     }
 
 
-def _loss(w1: torch.Tensor, w2: torch.Tensor, x: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def _loss(w1: torch.Tensor, w2: torch.Tensor, x: torch.Tensor, target: torch.Tensor,
+          mask: torch.Tensor) -> torch.Tensor:
     return ((torch.sigmoid(x @ w1).mul(mask) @ w2 - target).pow(2)).mean()
 
 

@@ -56,7 +56,8 @@ MUTANTS = [
         ctx.mark_dirty(x)
         ctx.save_for_backward(x)
         return x''')),
-    wrong("softmax_inplace", "computes in x.contiguous() (a copy for a column slice)", source=_SOFTMAX.format(forward='''\
+    wrong("softmax_inplace", "computes in x.contiguous() (a copy for a column slice)",
+          source=_SOFTMAX.format(forward='''\
         rows = x.contiguous()
         rows.sub_(rows.amax(dim=-1, keepdim=True)).exp_()
         rows.div_(rows.sum(dim=-1, keepdim=True))
@@ -74,10 +75,12 @@ MUTANTS = [
     wrong("softmax_inplace", "softmax over dim 1, right for 2-d only",
           ("x.sub_(x.amax(dim=-1, keepdim=True))", "x.sub_(x.amax(dim=1, keepdim=True))"),
           ("x.div_(x.sum(dim=-1, keepdim=True))", "x.div_(x.sum(dim=1, keepdim=True))"),
-          ("inner = (grad_output * y).sum(dim=-1, keepdim=True)", "inner = (grad_output * y).sum(dim=1, keepdim=True)")),
+          ("inner = (grad_output * y).sum(dim=-1, keepdim=True)",
+           "inner = (grad_output * y).sum(dim=1, keepdim=True)")),
     wrong("softmax_inplace", "exponentiates without subtracting the maximum (nan for large x)",
           ("        x.sub_(x.amax(dim=-1, keepdim=True))\n", "")),
-    wrong("softmax_inplace", "backward forgets the sum's term", ("return y * (grad_output - inner)", "return y * grad_output")),
+    wrong("softmax_inplace", "backward forgets the sum's term",
+          ("return y * (grad_output - inner)", "return y * grad_output")),
     wrong("softmax_inplace", "backward's sum drops the dim (broadcasts along the wrong one)",
           ("inner = (grad_output * y).sum(dim=-1, keepdim=True)", "inner = (grad_output * y).sum(dim=-1)")),
     wrong("softmax_inplace", "saves a copy of the input and recomputes softmax", source='''
@@ -96,7 +99,8 @@ class Softmax_(torch.autograd.Function):
         return y * (grad_output - (grad_output * y).sum(dim=-1, keepdim=True))
 '''),
     wrong("softmax_inplace", "stashes the output on ctx",
-          ("ctx.save_for_backward(x)  # x now holds the output", "ctx.y = x"), ("(y,) = ctx.saved_tensors", "y = ctx.y")),
+          ("ctx.save_for_backward(x)  # x now holds the output", "ctx.y = x"),
+          ("(y,) = ctx.saved_tensors", "y = ctx.y")),
     wrong("softmax_inplace", "backward writes into grad_output",
           ("return y * (grad_output - inner)", "return y * grad_output.sub_(inner)")),
     wrong("softmax_inplace", "backward writes into the saved output",
@@ -104,25 +108,10 @@ class Softmax_(torch.autograd.Function):
     # train_step
     wrong("train_step", "the given step, both .data writes kept", source=_GIVEN_STEP),
     wrong("train_step", "fixes the dropout, keeps clamping w2 through .data before backward",
-          source=_STEP.format(body='''    h = h * mask
-    out = h @ w2
-    loss = ((out - target) ** 2).mean()
-    w2.data.clamp_(-1.0, 1.0)
-    loss.backward()
-    with torch.no_grad():
-        for p in params:
-            p -= lr * p.grad
-            p.grad = None''')),
+          source=_GIVEN_STEP.replace("    h.data.mul_(mask)\n", "    h = h * mask\n")),
     wrong("train_step", "moves the clamp after the update, keeps the dropout through .data",
-          source=_STEP.format(body='''    h.data.mul_(mask)
-    out = h @ w2
-    loss = ((out - target) ** 2).mean()
-    loss.backward()
-    with torch.no_grad():
-        for p in params:
-            p -= lr * p.grad
-            p.grad = None
-        w2.clamp_(-1.0, 1.0)''')),
+          source=_GIVEN_STEP.replace("    w2.data.clamp_(-1.0, 1.0)\n", "").replace(
+              "            p.grad = None", "            p.grad = None\n        w2.clamp_(-1.0, 1.0)")),
     wrong("train_step", "dropout in place through .detach() (the version error)",
           ("    dropped = h * mask  # a new tensor: sigmoid's saved output stays intact\n",
            "    h.detach().mul_(mask)\n    dropped = h\n")),
@@ -147,11 +136,13 @@ class Softmax_(torch.autograd.Function):
           ("        w2.clamp_(-1.0, 1.0)  # after the update: no backward reads w2 any more\n", "")),
     wrong("train_step", "never resets the gradients", ("            p.grad = None\n", "")),
     wrong("train_step", "updates the weights without torch.no_grad()",
-          ("    with torch.no_grad():\n        for p in params:\n            p -= lr * p.grad\n            p.grad = None\n"
+          ("    with torch.no_grad():\n        for p in params:\n            p -= lr * p.grad\n"
+           "            p.grad = None\n"
            "        w2.clamp_(-1.0, 1.0)  # after the update: no backward reads w2 any more\n",
            "    for p in params:\n        p -= lr * p.grad\n        p.grad = None\n"
            "    with torch.no_grad():\n        w2.clamp_(-1.0, 1.0)\n")),
-    wrong("train_step", "rebinds the names instead of updating the tensors", source=_STEP.format(body='''    out = (h * mask) @ w2
+    wrong("train_step", "rebinds the names instead of updating the tensors",
+          source=_STEP.format(body='''    out = (h * mask) @ w2
     loss = ((out - target) ** 2).mean()
     loss.backward()
     with torch.no_grad():
@@ -161,8 +152,10 @@ class Softmax_(torch.autograd.Function):
         p.grad = None''')),
     # What happens?
     wrong("what_happens", "thinks an inference tensor may be saved", ('"a": "error"', '"a": "works"')),
-    wrong("what_happens", "thinks no_grad writes escape the version counter", ('"d": "error"', '"d": "silently wrong"')),
-    wrong("what_happens", "thinks autograd follows a write made under no_grad", ('"e": "silently wrong"', '"e": "works"')),
+    wrong("what_happens", "thinks no_grad writes escape the version counter",
+          ('"d": "error"', '"d": "silently wrong"')),
+    wrong("what_happens", "thinks autograd follows a write made under no_grad",
+          ('"e": "silently wrong"', '"e": "works"')),
     wrong("what_happens", "thinks a pack hook keeps the version check", ('"g": "works"', '"g": "error"')),
     wrong("what_happens", "thinks .double() always copies", ('"h": "silently wrong"', '"h": "works"')),
 ]
