@@ -332,7 +332,7 @@ class Answers(dict):
 
 
 when_to_write = Answers({"a": "composite", "b": "function", "c": "derivatives.yaml", "d": "function", "e": "function",
-                         "f": "composite", "g": "composite"})
+                         "f": "composite", "g": "function"})
 """  # three of seven answers right: 3/7 of 3 points
 
 
