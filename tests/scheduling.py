@@ -9,11 +9,17 @@ unit of its own.
 The units start longest first (as `--no-loadscope-reorder` keeps them), so that no long
 unit starts when the others are nearly done and leaves the other workers idle. How long
 each is comes from tests/costs.json, the seconds each took in a run measured with
-`pytest --cost=DIR` (tests/cost.py writes it); a unit it does not know counts a second a test.
+`pytest --cost=DIR` (tests/cost.py writes it, units of 5 s or more). A unit it does not know
+(a new test, or one under 5 s) still runs: alone, it counts a second a test; sharing a
+set-up, the median seconds a test of the shared units it knows (a new graded notebook starts
+among the long ones: a long unit started last is what leaves workers idle). Every worker
+orders the same collection the same way (pytest-xdist requires it): ties keep the
+collection's order.
 """
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -77,11 +83,23 @@ def schedule(items: list[pytest.Item], ordered: bool) -> None:
     units longest first."""
     costs = json.loads(COSTS.read_text()) if COSTS.exists() else {}
     found = units(items)
-    for name, tests in found.items():
-        if name != tests[0].nodeid:
-            for item in tests:
-                item.add_marker(pytest.mark.xdist_group(name))
-                item.add_marker(pytest.mark.slow)
+    shared = {name for name, tests in found.items() if name != tests[0].nodeid}
+    for name in shared:
+        for item in found[name]:
+            item.add_marker(pytest.mark.xdist_group(name))
+            item.add_marker(pytest.mark.slow)
     if ordered:
-        longest = sorted(found.items(), key=lambda unit: -costs.get(unit[0], len(unit[1])))
-        items[:] = [item for _, tests in longest for item in tests]
+        order = longest_first({name: len(tests) for name, tests in found.items()}, shared, costs)
+        items[:] = [item for name in order for item in found[name]]
+
+
+def longest_first(tests: dict[str, int], shared: set[str], costs: dict[str, float]) -> list[str]:
+    """The units (`tests`: each one's number of tests, in collection order), longest first by
+    their seconds in `costs`; a unit `costs` lacks is estimated as the module says."""
+    rates = [costs[name] / tests[name] for name in shared if name in costs]
+    rate = statistics.median(rates) if rates else 1.0
+
+    def seconds(name: str) -> float:
+        return costs.get(name, tests[name] * (rate if name in shared else 1.0))
+
+    return sorted(tests, key=lambda name: -seconds(name))  # stable: ties in collection order
