@@ -146,11 +146,11 @@ def summary(folder: Path) -> str:
 def unit_costs(folder: Path, least: float = 5.0) -> dict[str, int]:
     """{unit of work: its wall seconds} of a recorded run, for units of `least` seconds or more."""
     found: dict[str, float] = collections.defaultdict(float)
-    for path in folder.glob("*.jsonl"):
+    for path in sorted(folder.glob("*.jsonl")):
         for record in map(json.loads, path.read_text().splitlines()):
             if "unit" in record:
                 found[record["unit"]] += record["wall"]
-    return {unit: round(wall) for unit, wall in sorted(found.items(), key=lambda kv: -kv[1]) if wall >= least}
+    return {unit: round(wall) for unit, wall in sorted(found.items(), key=lambda kv: (-kv[1], kv[0])) if wall >= least}
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 tests/costs.json, and every unit runs, whether costs.json knows it or not."""
 from __future__ import annotations
 
+import json
 import random
 
+import cost
 from scheduling import longest_first
 
 # Two graded notebooks (shared set-ups, 5 s a test) and a long lone test, as costs.json has them.
@@ -42,3 +44,15 @@ def test_the_order_is_the_same_whatever_order_costs_json_lists_units_in_or_which
 def test_without_costs_every_unit_counts_a_second_a_test():
     assert longest_first(TESTS, SHARED, {}) == [
         "04_gradient_patterns", "03_function_basics", "browser", "tests/test_x.py::test_slow"]
+
+
+def test_costs_json_sums_each_units_phases_over_the_workers_and_keeps_units_of_five_seconds(tmp_path):
+    """tests/cost.py --write-costs: a unit's set-up, calls and teardowns in every process
+    summed; units under 5 s left out (they count as new ones); ties in name order."""
+    def phase(process, unit, wall):
+        return json.dumps({"process": process, "test": f"{unit}::t", "unit": unit, "when": "call",
+                           "start": 0.0, "wall": wall, "cpu": wall, "children": 0.0})
+    (tmp_path / "gw0.jsonl").write_text("\n".join([phase("gw0", "b", 4.0), phase("gw0", "a", 3.0)]) + "\n")
+    (tmp_path / "gw1.jsonl").write_text("\n".join([phase("gw1", "b", 3.0), phase("gw1", "c", 4.9),
+                                                   phase("gw1", "a", 4.0)]) + "\n")
+    assert list(cost.unit_costs(tmp_path).items()) == [("a", 7), ("b", 7)]
