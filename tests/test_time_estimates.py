@@ -103,6 +103,15 @@ def test_the_introduction_states_reading_and_exercise_time(slug):
         f"{slug}: about {reading + exercises:.0f} min in all")
 
 
+@pytest.mark.parametrize("slug", SLUGS)
+def test_the_introductions_table_gives_each_exercise_its_own_estimate(slug):
+    nb = released(slug)
+    headings = {m.group(1): m.group(2) for cell in nb.cells if cell.cell_type == "markdown"
+                for m in re.finditer(r"^## Exercise (\d+\.\d+) .*~(\d+) min\)$", cell.source, re.M)}
+    table = dict(re.findall(r"^\| (\d+\.\d+) \|.*?\| ★[★☆]{2} \| (\d+) min \|", nb.cells[0].source, re.M))
+    assert table == headings
+
+
 def test_a_stated_word_count_is_the_notebooks_own():
     stale = {}
     for slug in SLUGS:
