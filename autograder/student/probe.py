@@ -426,8 +426,9 @@ class Widening(TorchDispatchMode):
             made = [t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)]
             wide = next((t for t in made if t.dim() and t.dtype in self.WIDE), None)
             if wide is not None:
-                self.first = (f"{getattr(func, '__name__', func)} made a {str(wide.dtype).removeprefix('torch.')} "
-                              f"tensor of shape {tuple(wide.shape)} in {self.stage}")
+                name = getattr(getattr(func, "overloadpacket", func), "__name__", str(func))
+                self.first = (f"an operation ({name}) made a {str(wide.dtype).removeprefix('torch.')} tensor of "
+                              f"shape {tuple(wide.shape)} in {self.stage}")
         return out
 
 
