@@ -122,7 +122,8 @@ def replay(
 
     After a complaint, say: the cell's checks draw the inputs its verdict was drawn from
     (the seeds its autograded notebook records), and the notebook runs sandboxed up to
-    that cell, as when it was graded; nothing is written.
+    that cell, as when it was graded; nothing is written. A hidden test cell is shown as
+    the student saw it (no values), then with every value shown, its inputs included.
     Exit codes: 0 the verdict is the recorded one, 1 it differs (or was never recorded),
     2 there is nothing to replay.
     """
@@ -137,6 +138,10 @@ def replay(
         raise typer.Exit(error.code) from None
     typer.echo(f"{student} / {assignment} / {cell}, judged again with {found.seeds}:")
     typer.echo(as_text(found.outputs).rstrip() or "(no output)")
+    if found.revealed is not None:
+        typer.echo("the same cell with every value shown, its hidden inputs included (for you: the student's "
+                   "feedback shows none):")
+        typer.echo(as_text(found.revealed).rstrip() or "(no output)")
     if found.failure:
         typer.echo(f"the notebook stopped: {found.failure}")
     score = "no score (a visible check)" if found.score is None else f"score {found.score:g}"

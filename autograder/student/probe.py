@@ -12,16 +12,26 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator, Sequence, cast
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import report
+
 MESSAGE = 2000  # characters of an error message reported
+# A number with a fraction or an exponent, as an error message would print an input's value.
+_DECIMAL = re.compile(r"(?<![\w.])[-+]?(?:\d+\.\d*|\.\d+|\d+(?=[eE]))(?:[eE][-+]?\d+)?")
 
 
 def _cut(text: str) -> str:
+    """What the student's code said, cut at MESSAGE characters; in a hidden check, its
+    decimal numbers masked: an error message may quote the hidden inputs (an assert that
+    prints `x`, a ValueError with a value in it), which the student's feedback must not."""
+    if report.hiding():
+        text = _DECIMAL.sub("…", text)
     return text if len(text) <= MESSAGE else f"{text[:MESSAGE]}… [cut: {len(text) - MESSAGE} more characters]"
 
 
