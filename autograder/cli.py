@@ -21,6 +21,22 @@ def release() -> None:
     authoring.release()
     authoring.write_visible_checks()
     typer.echo("course/ regenerated from solutions/ (and the summary cells' list of visible checks)")
+    _remind_to_rotate(authoring.ROOT)
+
+
+def _remind_to_rotate(root: Path) -> None:
+    """A new term's class must not draw the hidden inputs the last class drew (README,
+    "Rotate the secret each term"): say so when a release finds a secret made before it."""
+    import datetime
+
+    from .grader import secret
+
+    where = secret.path(root)
+    if where.is_file():
+        made = datetime.date.fromtimestamp(where.stat().st_mtime)
+        typer.echo(f"the grading secret was made on {made}: if this release starts a new term, run `autograder "
+                   "secret --rotate` before its class is graded, so that its hidden checks draw inputs no earlier "
+                   "feedback has shown (earlier grades still replay from the seeds they recorded)")
 
 
 @app.command()

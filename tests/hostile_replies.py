@@ -112,7 +112,8 @@ def hostile(ns: dict[str, Any], data: Any, target: int) -> remote.Transport:
         try:
             return remote.result(structure, buffers)
         except wire.WireError as error:  # as autograder.grader.conversation says it
-            raise remote.RemoteError(f"the student's process answered with more than the grader accepts ({error})")
+            raise remote.RemoteError(f"the student's process answered with more than the grader accepts ({error})") \
+                from None
 
     return transport
 

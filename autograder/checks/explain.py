@@ -6,7 +6,7 @@ from typing import Sequence
 
 import torch
 
-from ..student.report import hiding, show
+from ..student.report import hiding, show, unravel
 
 NOT_IMPLEMENTED = "not implemented yet: replace `raise NotImplementedError()` with your code"
 
@@ -174,8 +174,7 @@ def mismatch(expected: torch.Tensor, actual: torch.Tensor, *, rtol: float, atol:
 
 def first_index(mask: torch.Tensor) -> tuple[int, ...]:
     """The index of the first True entry of `mask` (without listing them all, as nonzero would)."""
-    flat = int(mask.reshape(-1).byte().argmax())
-    return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(mask.shape))) if mask.dim() else ()
+    return unravel(int(mask.reshape(-1).byte().argmax()), tuple(mask.shape))
 
 
 def differ(expected: torch.Tensor, actual: torch.Tensor, *, rtol: float = 0.0, atol: float = 0.0) -> list[str]:

@@ -101,9 +101,23 @@ def value(number: float, spec: str = ".4g") -> str:
 
 def first(t: torch.Tensor, n: int) -> list[Any]:
     """The first `n` entries of `t` in order, as numbers: `n` read, whatever its shape and strides."""
-    flat = torch.arange(min(n, t.numel()), device=t.device)
-    index = torch.unravel_index(flat, tuple(t.shape)) if t.dim() else ()
-    return list(t.detach()[index].cpu().tolist()) if t.dim() else [t.detach().cpu().item()]
+    if not t.dim():
+        return [t.detach().cpu().item()]
+    places = [unravel(k, tuple(t.shape)) for k in range(min(n, t.numel()))]
+    if not places:
+        return []
+    index = tuple(torch.tensor(column, device=t.device) for column in zip(*places))
+    return list(t.detach()[index].cpu().tolist())
+
+
+def unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The index of entry `flat` of a tensor of `shape`, in order (torch.unravel_index's cost
+    grows with the shape's size)."""
+    index = []
+    for size in reversed(shape):
+        flat, k = divmod(flat, size)
+        index.append(k)
+    return tuple(reversed(index))
 
 
 def _described(value: object) -> str:
