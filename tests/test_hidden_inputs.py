@@ -22,10 +22,10 @@ import pytest
 import torch
 
 from autograder import authoring
-from autograder.checks import inputs
+from autograder.checks import explain, inputs
 from autograder.checks.remote import loopback
 from autograder.grader.verdicts import Judge, is_hidden
-from autograder.student import report
+from autograder.student import probe, report
 from grading import namespace
 
 pytestmark = pytest.mark.slow
@@ -144,3 +144,17 @@ def test_special_points_sit_at_random_places_in_every_draw():
         assert sorted(x.tolist()).count(0.0) == 1 and x.tolist().count(1e3) == 1
         places.add((x.tolist().index(0.0), x.tolist().index(1e3)))
     assert len(places) > 10
+
+
+def test_an_error_the_students_code_raises_shows_no_value_in_a_hidden_check():
+    """An honest assert may print its input: in a hidden check its decimal numbers are masked
+    (the shapes and counts in torch's own messages stay)."""
+    raised = ValueError("x must be positive, got tensor([-0.3127, 1.5e-3]) of shape (2, 3)")
+    with report.hidden():
+        said = probe.ProbeError.of("forward", raised).message
+    assert said == "x must be positive, got tensor([…, …]) of shape (2, 3)"
+    assert probe.ProbeError.of("forward", raised).message == str(raised)
+    with report.hidden():
+        assert explain.differ(torch.tensor([0.25, 0.5]), torch.tensor([0.25, 0.75])) == [
+            "expected a float32 tensor of shape (2,), actual a float32 tensor of shape (2,)",
+            "1 of 2 entries differ; first at index (1,): expected 0.5, got 0.75 (difference 0.25)"]

@@ -110,3 +110,17 @@ def test_a_secret_is_made_whole_or_not_at_all_and_a_damaged_one_is_one_line(tmp_
                           capture_output=True, text=True)
     assert told.returncode == 1 and told.stdout == "" and len(told.stderr.strip().splitlines()) == 1, told.stderr
     assert "does not hold a secret of 32 bytes" in told.stderr and "--rotate" in told.stderr
+
+
+def test_a_release_reminds_to_rotate_a_secret_made_before_it(tmp_path, capsys):
+    """A new term's class must not draw the inputs the last class drew: a release that finds
+    a secret says when it was made and how to rotate it; without one it says nothing."""
+    from autograder import cli
+    from autograder.grader import secret
+
+    cli._remind_to_rotate(tmp_path)
+    assert capsys.readouterr().out == ""
+    secret.load(tmp_path)
+    cli._remind_to_rotate(tmp_path)
+    said = capsys.readouterr().out
+    assert "grading secret was made on" in said and "autograder secret --rotate" in said
