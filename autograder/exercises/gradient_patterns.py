@@ -181,7 +181,7 @@ def _check_unbroadcast_once(student, grad: torch.Tensor, shape: Shape) -> None:
         fail(f"{call}: {what}.", *given, cause=cause)
     want = gradient_patterns.sum_to_size(before, shape)
     if not isinstance(got, torch.Tensor):
-        fail(f"{call} returned {show(got)}, not a tensor.", *given)
+        fail(f"{call} returned {got}, not a tensor.", *given)
     if modified:
         fail(f"{call} modified `grad` in place.", *given,
              cause="grad belongs to the caller (often autograd itself): compute a new tensor instead.")

@@ -36,7 +36,8 @@ def fail(summary: str, *details: str, cause: str | None = None) -> None:
     lines = [summary, *("  " + line for d in details for line in d.splitlines())]
     if cause:
         lines.append(f"Likely cause: {cause}")
-    if hiding():
+    hidden = _hiding.get()
+    if hidden is not None and hidden.described:
         lines.append(HIDDEN)
     raise CheckFailed("\n".join(lines))
 
@@ -50,7 +51,13 @@ def fail(summary: str, *details: str, cause: str | None = None) -> None:
 # first entry that differs and its two values (`checks.explain.differ`). The instructor sees
 # everything with `autograder replay`.
 
-_hiding: contextvars.ContextVar[bool] = contextvars.ContextVar("hiding", default=False)
+class _Hidden:
+    """A hidden test cell being judged: whether a message described a tensor without its values."""
+
+    described = False
+
+
+_hiding: contextvars.ContextVar[_Hidden | None] = contextvars.ContextVar("hiding", default=None)
 HIDDEN = ("(A hidden check: its inputs are the course's secret, so tensors are described by dtype and shape, and "
           "only the first entry that differs is shown. The visible check shows its own inputs.)")
 
@@ -58,7 +65,7 @@ HIDDEN = ("(A hidden check: its inputs are the course's secret, so tensors are d
 @contextlib.contextmanager
 def hidden(hide: bool = True) -> Iterator[None]:
     """Judge a hidden test cell (with `hide`): messages show no values of tensors (per thread)."""
-    token = _hiding.set(hide)
+    token = _hiding.set(_Hidden() if hide else None)
     try:
         yield
     finally:
@@ -67,7 +74,7 @@ def hidden(hide: bool = True) -> Iterator[None]:
 
 def hiding() -> bool:
     """Whether a hidden test cell is being judged (see `hidden`)."""
-    return _hiding.get()
+    return _hiding.get() is not None
 
 
 def show(value: object, *, limit: int = 12) -> str:
@@ -123,6 +130,9 @@ def unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
 def _described(value: object) -> str:
     """What a hidden check says of a value: numbers' kinds and tensors' shapes, not values."""
     if isinstance(value, torch.Tensor):
+        hidden = _hiding.get()
+        if hidden is not None:
+            hidden.described = True
         return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {tuple(value.shape)}"
     if isinstance(value, float):
         return "a float"
