@@ -42,7 +42,7 @@ def _rewriting(procedure: str, rewrite):
 
 def test_an_empty_tensor_is_charged_for_its_rows():
     """It has no data, yet its rows are what `.tolist()` or a loop walks: 8 million of them
-    cost the grader 8.7 CPU-seconds to render."""
+    cost the grader 9.3 CPU-seconds and 1.3 GB to render (measured here)."""
     structure, buffers = wire.encode(torch.empty(1000, 0))
     assert wire.decode(structure, buffers).shape == (1000, 0)
     structure["shape"] = [2**31 - 1, 0]
