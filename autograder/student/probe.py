@@ -377,8 +377,9 @@ def _run_many(fn: Any, runs: list[Any]) -> list[Any]:
             if not watching:
                 found.append(_probed(fn, *r[:4], dtypes=d))
                 continue
-            with watch.run():
-                found.append(_probed(fn, *r[:4], dtypes=d))
+            args, grad_outputs, grad_grads, layouts = r[:4]
+            with watch.run() as applied:
+                found.append(_probed(fn, args, grad_outputs, grad_grads, layouts, applied, dtypes=d))
     evidence = iter(watch.evidence)
     return [{**f, "asked_autograd": next(evidence), "unwatched": watch.unwatched} if watching else f
             for f, watching in zip(found, watched)]
@@ -405,10 +406,12 @@ def laid_out(v: torch.Tensor, layout: str) -> torch.Tensor:
 
 
 def _probed(fn: Any, args: tuple[Any, ...], grad_outputs: list[Any], grad_grads: list[Any] | None,
-            layouts: list[Any] | None, *, dtypes: bool = False) -> dict[str, Any]:
+            layouts: list[Any] | None, applied: Callable[[Any], None] | None = None, *,
+            dtypes: bool = False) -> dict[str, Any]:
+    """One `run`; `applied` is told what the call returned (the watch's)."""
     widening = Widening() if dtypes else None
     with widening or contextlib.nullcontext():
-        found = _observed(fn, args, grad_outputs, grad_grads, layouts, widening)
+        found = _observed(fn, args, grad_outputs, grad_grads, layouts, applied, widening)
     found.widened = None if widening is None else widening.first
     # Field by field (dataclasses.asdict would deep-copy every tensor: a tenth of a check's time).
     return {**vars(found), "error": None if found.error is None else asdict(found.error)}
@@ -443,7 +446,8 @@ class Widening(TorchDispatchMode):
 
 
 def _observed(fn: Any, args: tuple[Any, ...], grad_outputs: list[Any], grad_grads: list[Any] | None,
-              layouts: list[Any] | None, widening: Widening | None) -> Observed:
+              layouts: list[Any] | None, applied: Callable[[Any], None] | None,
+              widening: Widening | None) -> Observed:
     call = as_callable(fn)
     probe = Observed()
     wrt = [a for a in args if differentiable(a) and a.requires_grad]
@@ -451,6 +455,8 @@ def _observed(fn: Any, args: tuple[Any, ...], grad_outputs: list[Any], grad_grad
     before = {i: a.detach().clone() for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
     try:
         result = call(*args)
+        if applied is not None:
+            applied(result)
         probe.modified = [i for i, b in before.items() if not _same(args[i], b)]
         probe.outputs = [t.detach() for t in outputs_of(result)]
         # grad_outputs[k][j] belongs to the j-th floating-point output; those that do not
