@@ -13,7 +13,10 @@ a hidden check may show.) `autograder replay` still shows the instructor everyth
 """
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -158,3 +161,48 @@ def test_an_error_the_students_code_raises_shows_no_value_in_a_hidden_check():
         assert explain.differ(torch.tensor([0.25, 0.5]), torch.tensor([0.25, 0.75])) == [
             "expected a float32 tensor of shape (2,), actual a float32 tensor of shape (2,)",
             "1 of 2 entries differ; first at index (1,): expected 0.5, got 0.75 (difference 0.25)"]
+
+
+# Runs cells in a real IPython shell, as a kernel does (stock `nbgrader autograde` runs the
+# test cells there): what each printed and raised, as one JSON line per cell.
+KERNEL = '''
+import contextlib, io, json, sys
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance()
+for source in json.loads(sys.stdin.read()):
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        result = shell.run_cell(source)
+    print(json.dumps(printed.getvalue() + str(result.error_in_exec or "")))
+'''
+WRONG_FORWARD = '''
+import torch
+
+class ClippedReLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, clip):
+        ctx.save_for_backward(x)
+        ctx.clip = clip
+        return 1.5 * x.clamp(0, clip)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (x,) = ctx.saved_tensors
+        return grad_output * ((x > 0) & (x < ctx.clip)), None
+'''
+
+
+def test_a_hidden_cell_run_in_a_kernel_shows_no_value():
+    """Stock nbgrader runs the test cells in the student's kernel, where the grader's
+    `report.hidden` does not reach: the setup cell's hook hides the values of a cell holding
+    hidden tests all the same (the same cell without its markers shows them)."""
+    (cell,) = [c for c in nbformat.read(authoring.solution_path("03_function_basics"), as_version=4).cells
+               if c.metadata.get("nbgrader", {}).get("grade_id") == "check_clipped_relu_hidden"]
+    unmarked = "\n".join(line for line in cell.source.splitlines() if "HIDDEN TESTS" not in line)
+    cells = ["from autograder.student import setup\nsetup()", WRONG_FORWARD,
+             "from autograder.exercises.function_basics import check_clipped_relu", cell.source, unmarked]
+    done = subprocess.run([sys.executable, "-c", KERNEL], input=json.dumps(cells), capture_output=True, text=True,
+                          timeout=300, check=True)
+    *_, hidden, shown = map(json.loads, done.stdout.strip().splitlines())
+    assert "CheckFailed" in hidden and "wrong forward values" in hidden, hidden
+    assert report.HIDDEN in hidden and "tensor([" not in hidden, hidden
+    assert report.HIDDEN not in shown and "tensor([" in shown, shown

@@ -87,12 +87,9 @@ def run_cell(source: str, names: dict[str, Any]) -> Any:
     return eval(syntax.compiled(ast.Expression(last.value), "<test cell>", "eval"), context, names)
 
 
-HIDDEN_TESTS = "### BEGIN HIDDEN TESTS"  # in the instructor's source of a hidden test cell (nbgrader's marker)
-
-
 def is_hidden(cell: Any) -> bool:
     """A test cell with hidden tests: its messages show no values (`report.hidden`)."""
-    return HIDDEN_TESTS in str(cell.get("source", ""))
+    return report.HIDDEN_TESTS in str(cell.get("source", ""))
 
 
 class Judge:

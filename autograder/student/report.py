@@ -36,7 +36,7 @@ def fail(summary: str, *details: str, cause: str | None = None) -> None:
     lines = [summary, *("  " + line for d in details for line in d.splitlines())]
     if cause:
         lines.append(f"Likely cause: {cause}")
-    hidden = _hiding.get()
+    hidden = _current()
     if hidden is not None and hidden.described:
         lines.append(HIDDEN)
     raise CheckFailed("\n".join(lines))
@@ -74,7 +74,40 @@ def hidden(hide: bool = True) -> Iterator[None]:
 
 def hiding() -> bool:
     """Whether a hidden test cell is being judged (see `hidden`)."""
-    return _hiding.get() is not None
+    return _current() is not None
+
+
+def _current() -> _Hidden | None:
+    return _hiding.get() or _kernel_cell
+
+
+HIDDEN_TESTS = "### BEGIN HIDDEN TESTS"  # in the instructor's source of a hidden test cell (nbgrader's marker)
+# A hidden test cell that an IPython kernel runs (stock `nbgrader autograde`, the instructor's
+# notebook): the grader's `hidden` does not reach it, so the kernel's own hook says so.
+_kernel_cell: _Hidden | None = None
+
+
+def hidden_cells_in_kernel() -> None:
+    """In an IPython kernel, judge each cell that holds hidden tests as `hidden` does: a
+    notebook graded by running its test cells in the student's kernel (stock nbgrader)
+    writes its messages into the autograded notebook and the feedback as well."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None:
+        return
+    for event, callback in (("pre_run_cell", _cell_starts), ("post_run_cell", _cell_ends)):
+        if callback not in shell.events.callbacks[event]:  # (the setup cell may run twice)
+            shell.events.register(event, callback)
+
+
+def _cell_starts(info: Any) -> None:
+    global _kernel_cell
+    _kernel_cell = _Hidden() if HIDDEN_TESTS in str(getattr(info, "raw_cell", "")) else None
+
+
+def _cell_ends(result: Any) -> None:
+    global _kernel_cell
+    _kernel_cell = None
 
 
 def show(value: object, *, limit: int = 12) -> str:
@@ -130,7 +163,7 @@ def unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
 def _described(value: object) -> str:
     """What a hidden check says of a value: numbers' kinds and tensors' shapes, not values."""
     if isinstance(value, torch.Tensor):
-        hidden = _hiding.get()
+        hidden = _current()
         if hidden is not None:
             hidden.described = True
         return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {tuple(value.shape)}"
