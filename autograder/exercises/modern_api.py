@@ -800,7 +800,7 @@ def _check_clip_kinks(student: Any, specs: Sequence[ClipCase], generator: torch.
         bad = ~torch.isfinite(slope) | (slope < 0) | (slope > 1)
         if bool(bad.any()):
             (k,) = explain.first_index(bad)
-            point = float(x[k])
+            point = float(x.detach()[k])
             where = f"x = {point:g}" if point in (0.0, float(clip)) else f"entry {k} of x"
             fail(f"ClippedReLU: backward at the kinks gives {float(grad[k]):.6g} at {where}, grad_output times "
                  f"{float(slope[k]):.4g}.", *shown, f"gradient {show(grad)}", cause=KINK_CAUSE)
