@@ -1,12 +1,23 @@
-"""The released notebooks give no answer away in their hints.
+"""What a class receives gives no answer away: its hints, and the released notebooks.
+
+A hint comes in tiers (autograder/hints.py): the idea, a pointer to the formula, the steps
+in words, and, for the self-study edition only, the formula worked out. A class receives
+the first `hint-tiers` (at most CLASS_MOST), so each test here reads the class edition at its
+most: the released notebooks with every hint as a class could receive it, whatever
+`hint-tiers` says. In it:
+
+- no hint's code, fenced or inline, is a solution line or a near copy of one (a renamed
+  variable, another spacing), and the code of an exercise's hints covers no more than a few
+  of its solution's lines;
+- no hint leaves an expression for the student to fill in (`...` where code would go): a
+  hint may name the steps, not the expressions;
+- where deriving the formula is the exercise (DERIVED), no hint states an equation;
+- no hint of a quiz names one of its questions beside its answer;
+- at most GOAL of the solutions' lines that say something have a near copy anywhere in the
+  class edition (given code, demos, hints, other notebooks): the near-verbatim share.
 
 test_publish.py searches what students get for the solutions' lines, except those the
-released notebooks show: a hint that shows a solution line would go unnoticed there. Here
-every hint (the `<details>` cells after an answer cell) of every released notebook is read
-as a student reads it: no code in it, fenced or inline, is a solution line or a near copy
-of one (a renamed variable, another spacing); the code of an exercise's hints covers no
-more than a few of its solution's lines (a skeleton leaves the key lines to the student);
-and no hint of a quiz names one of its questions beside its answer.
+released notebooks show: the share measured here is what that search cannot see.
 """
 from __future__ import annotations
 
@@ -21,11 +32,13 @@ from functools import cache
 import nbformat
 import pytest
 
-from autograder import authoring
+from autograder import authoring, hints
 
 SLUGS = authoring.assignments()
 # Notebooks whose hints other changes are still rewriting: (slug, why); empty when none.
-PENDING: dict[str, str] = {}
+PENDING: dict[str, str] = {"11_capstone": "its part A (hints, quiz 11.2) is being redesigned (issue 37)"}
+# Notebooks where deriving a gradient's formula is the exercise: no class hint states one.
+DERIVED = ("04_gradient_patterns", "07_double_backward", "09_real_world")
 
 NEAR = 0.9  # a hint line this close to a solution line is a copy of it (difflib's ratio)
 LOOSE = 0.75  # ... this close, it gives the line's substance away
@@ -54,14 +67,18 @@ KEPT = {*keyword.kwlist, *dir(builtins), "torch", "F", "np", "math", "ctx", "sel
 FEWEST = 6  # tokens: a shorter line's shape is too common to mean anything
 
 
+def _named(tokens: list[str], k: int) -> bool:
+    """Token k is a name of the line's own (not an attribute, keyword, builtin or module)."""
+    t = tokens[k]
+    return (t[0].isalpha() or t[0] == "_") and t not in KEPT and (k == 0 or tokens[k - 1] != ".")
+
+
 def shape(line: str) -> tuple[str, ...]:
     """The tokens of a normalised line with its own names numbered in order of appearance
     (attributes, keywords, builtins and modules kept): a copy with renamed variables has the
     shape of the original."""
     tokens, names = TOKEN.findall(line), {}
-    return tuple(names.setdefault(t, f"v{len(names)}")
-                 if (t[0].isalpha() or t[0] == "_") and t not in KEPT and (k == 0 or tokens[k - 1] != ".") else t
-                 for k, t in enumerate(tokens))
+    return tuple(names.setdefault(t, f"v{len(names)}") if _named(tokens, k) else t for k, t in enumerate(tokens))
 
 
 def copied(hint: str, secret: str) -> bool:
@@ -82,7 +99,7 @@ def code_in(markdown: str) -> list[str]:
 class Exercise:
     answer_id: str
     solution: list[str]  # its solution's lines, as written
-    hints: list[str]  # the markdown of its hint cells in the released notebook
+    hints: list[str]  # the markdown of its hint cells, as a class receives them at most
 
 
 def _between(source: str) -> list[str]:
@@ -97,17 +114,27 @@ def _between(source: str) -> list[str]:
     return found
 
 
+def _solution(slug: str) -> nbformat.NotebookNode:
+    return nbformat.read(authoring.solution_path(slug), as_version=4)
+
+
+@cache
+def class_edition(slug: str) -> nbformat.NotebookNode:
+    """The released notebook, with every hint as a class receives it at the most tiers an
+    instructor can give (hints.CLASS_MOST)."""
+    released = nbformat.read(authoring.ROOT / "course" / slug / f"{slug}.ipynb", as_version=4)
+    return hints.for_class(hints.every_tier(released, _solution(slug)), hints.CLASS_MOST)
+
+
 @cache
 def exercises(slug: str) -> tuple[list[Exercise], set[str]]:
-    """The exercises of a notebook, and what its released notebook shows outside the hints
+    """The exercises of a notebook, and what its class edition shows outside the hints
     (normalised lines of code and of markdown code): solution lines found there are given."""
-    solutions = {c.metadata["nbgrader"]["grade_id"]: _between(c.source)
-                 for c in nbformat.read(authoring.solution_path(slug), as_version=4).cells
+    solutions = {c.metadata["nbgrader"]["grade_id"]: _between(c.source) for c in _solution(slug).cells
                  if c.metadata.get("nbgrader", {}).get("solution")}
-    released = nbformat.read(authoring.ROOT / "course" / slug / f"{slug}.ipynb", as_version=4)
     found: list[Exercise] = []
     shown: set[str] = set()
-    for cell in released.cells:
+    for cell in class_edition(slug).cells:
         grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
         if grade_id in solutions and cell.metadata["nbgrader"].get("solution"):
             found.append(Exercise(grade_id, solutions[grade_id], []))
@@ -150,8 +177,8 @@ def copies(slug: str) -> list[str]:
 def coverage(exercise: Exercise, shown: set[str]) -> tuple[float, list[str]]:
     """The share of an exercise's solution lines its hints give away (near copies), and those lines."""
     secrets = secret_lines(exercise, shown)
-    hints = [line for cell in exercise.hints for line in code_in(cell)]
-    given = [s for s in secrets if any(similarity(h, s) >= LOOSE for h in hints)]
+    hints_code = [line for cell in exercise.hints for line in code_in(cell)]
+    given = [s for s in secrets if any(similarity(h, s) >= LOOSE for h in hints_code)]
     return (len(given) / len(secrets) if secrets else 0.0), given
 
 
@@ -193,6 +220,113 @@ def worked_answers(slug: str) -> list[str]:
     return leaks
 
 
+# --- skeletons to fill in, and formulas where deriving them is the exercise ------------------
+
+BLANK = re.compile(r"\.\.\.|…")  # what a skeleton leaves for the student to write
+
+
+def blanks(slug: str) -> list[str]:
+    """Hint code that leaves an expression to fill in (`return ...  # the derivative`)."""
+    found, _ = exercises(slug)
+    return [f"{e.answer_id}'s hint leaves {line!r} to fill in" for e in found for cell in e.hints
+            for line in code_in(cell) if BLANK.search(line)]
+
+
+MATH = re.compile(r"\$\$(.+?)\$\$|\$([^$\n]+)\$", re.S)
+RELATION = re.compile(r"=|\\partial|\\nabla|\\frac\{d|\\mathrm\{d\}|'\s*\(")  # inside math: an equation
+DERIVATIVE = re.compile(r"[∂∇′]|\bd\s*/\s*d[a-zα-ω]|\b\w+'\s*\(\s*\w+\s*\)")  # outside math: ∂, ∇, f', d/dx
+ARITHMETIC = re.compile(r"[\w)\]]\s*(\*\*|[*/@+-])\s*[\w(]")  # code: an expression computed from names
+
+
+def formulas(markdown: str) -> list[str]:
+    """What states a formula in a hint: an equation or a derivative in its math, a derivative
+    in its words, an arithmetic expression in its code."""
+    code = code_in(markdown)
+    prose = INLINE.sub("", FENCE.sub("", markdown))
+    math = [a or b for a, b in MATH.findall(prose)]
+    words = MATH.sub("", prose)
+    return ([m.strip() for m in math if RELATION.search(m)] + DERIVATIVE.findall(words)
+            + [c for c in code if ARITHMETIC.search(c)])
+
+
+def stated_formulas(slug: str) -> list[str]:
+    found, _ = exercises(slug)
+    return [f"{e.answer_id}'s hint states {f!r}" for e in found for cell in e.hints for f in formulas(cell)]
+
+
+# --- the near-verbatim share -------------------------------------------------------------------
+
+GOAL = 0.05  # the most of the solutions' measured lines that the class edition may show near-verbatim
+MEASURED = 15  # characters (no spaces, no comment): a shorter solution line says too little to measure
+INFORMATIVE = 3  # tokens beyond names and punctuation: a renamed copy with fewer says nothing
+REORDERED = 12  # tokens: a line this long with another's tokens in another order is a copy of it
+PLUMBING = [  # solution lines that say nothing of the answer:
+    re.compile(r"^\(?[\w,]+\)?=(ctx\.saved_tensors|inputs|dL_doutputs)$"),  # unpacking what arrives
+    re.compile(r"^return[\w,]*$"),  # returning plain names (None among them)
+    re.compile(r"^ctx\.(save_for_backward|save_for_forward|mark_dirty|mark_non_differentiable|set_materialize_grads)"
+               r"\([\w,*]*\)$"),  # ctx's bookkeeping, of plain names
+    re.compile(r"^(ctx\.\w+,?)+=[\w.,]+$"),  # plain values kept on ctx
+    re.compile(r"^(import|from|def|class|@)\b"),  # imports, decorators and headers
+]
+
+
+def measured(line: str) -> bool:
+    """A normalised solution line that says something of the answer."""
+    return (len(line) >= MEASURED and not CONTROL.match(line) and not HEADER.match(line)
+            and not any(p.match(line) for p in PLUMBING))
+
+
+def _anonymous(line: str) -> tuple[str, ...]:
+    tokens = TOKEN.findall(line)
+    return tuple(sorted("v" if _named(tokens, k) else t for k, t in enumerate(tokens)))
+
+
+@dataclass(frozen=True)
+class Shown:
+    """Every normalised line of code the class edition shows, indexed for near copies."""
+
+    lines: frozenset[str]
+    shapes: frozenset[tuple[str, ...]]
+    bags: frozenset[tuple[str, ...]]
+
+    @classmethod
+    def of(cls, lines: set[str]) -> Shown:
+        return cls(frozenset(lines), frozenset(map(shape, lines)), frozenset(map(_anonymous, lines)))
+
+    def near_copy(self, secret: str) -> bool:
+        """`secret` is shown, or a copy of it with renamed variables (enough left to say
+        something), reordered terms, or a few characters changed."""
+        if secret in self.lines:
+            return True
+        form = shape(secret)
+        if len(form) >= FEWEST and form in self.shapes and \
+                sum(not re.fullmatch(r"v\d+|[()\[\]{},.:=]", t) for t in form) >= INFORMATIVE:
+            return True
+        if len(form) >= REORDERED and _anonymous(secret) in self.bags:
+            return True
+        return len(secret) >= 2 * SHORTEST and any(
+            abs(len(s) - len(secret)) <= 2 * (1 - NEAR) * len(secret) and similarity(s, secret) >= NEAR
+            for s in self.lines)
+
+
+@cache
+def shown_by_the_class_edition() -> Shown:
+    lines: set[str] = set()
+    for slug in SLUGS:
+        for cell in class_edition(slug).cells:
+            code = code_in(cell.source) if cell.cell_type == "markdown" else map(normal, cell.source.splitlines())
+            lines.update(n for n in code if n)
+    return Shown.of(lines)
+
+
+def near_verbatim(slug: str) -> tuple[list[str], list[str]]:
+    """(the measured lines of the notebook's solutions, those the class edition shows near-verbatim)."""
+    found, _ = exercises(slug)
+    lines = [n for e in found if not quiz_answers(e) for n in map(normal, e.solution) if measured(n)]
+    shown = shown_by_the_class_edition()
+    return lines, [n for n in lines if shown.near_copy(n)]
+
+
 def _marks(slug: str) -> list:
     return [pytest.mark.xfail(reason=PENDING[slug], strict=False)] if slug in PENDING else []
 
@@ -213,9 +347,29 @@ def test_no_hint_code_gives_away_most_of_a_solution(slug):
 
 
 @pytest.mark.parametrize("slug", CASES)
+def test_no_hint_is_a_skeleton_to_fill_in(slug):
+    leaks = blanks(slug)
+    assert not leaks, "\n".join(leaks)
+
+
+@pytest.mark.parametrize("slug", DERIVED)
+def test_no_class_hint_states_a_formula_where_deriving_it_is_the_exercise(slug):
+    leaks = stated_formulas(slug)
+    assert not leaks, "\n".join(leaks)
+
+
+@pytest.mark.parametrize("slug", CASES)
 def test_no_quiz_hint_works_out_a_question(slug):
     leaks = worked_answers(slug)
     assert not leaks, "\n".join(leaks)
+
+
+def test_the_class_edition_shows_few_solution_lines_near_verbatim():
+    """The near-verbatim share of the class edition, over every notebook, within GOAL."""
+    counts = {slug: tuple(map(len, near_verbatim(slug))) for slug in SLUGS if slug not in PENDING}
+    lines, given = (sum(c[i] for c in counts.values()) for i in (0, 1))
+    shown = "\n".join(f"{slug}: {n} of {total}" for slug, (total, n) in counts.items() if n)
+    assert given <= GOAL * lines, f"{given} of {lines} solution lines near-verbatim in the class edition:\n{shown}"
 
 
 def test_every_exercise_has_hints_and_a_solution_the_test_reads():
@@ -227,7 +381,25 @@ def test_every_exercise_has_hints_and_a_solution_the_test_reads():
             assert secret_lines(exercise, shown) or quiz_answers(exercise), f"{slug} {exercise.answer_id}"
 
 
-# --- the test's own detectors, on answers given away on purpose -----------------------------
+def test_a_class_receives_the_configured_tiers():
+    """course/ holds the tiers 1 to hint-tiers of every hint as solutions/ writes them; each
+    exercise's tiers are numbered from 1, none past the self-study edition's."""
+    most = hints.class_tiers(authoring.ROOT)
+    for slug in SLUGS:
+        released = {cell.id: cell for cell in
+                    nbformat.read(authoring.ROOT / "course" / slug / f"{slug}.ipynb", as_version=4).cells}
+        for cell in _solution(slug).cells:
+            if hints.is_hint(cell):
+                written = hints.tiers(cell.source)
+                given = hints.tiers(released[cell.id].source) if cell.id in released else []
+                assert given == [t for t in written if t <= most], (slug, cell.id, written, given)
+        for exercise in exercises(slug)[0]:
+            tiers = sorted(t for cell in exercise.hints for t in hints.tiers(cell))
+            assert tiers == list(range(1, len(tiers) + 1)), (slug, exercise.answer_id, tiers)
+        assert all(t <= hints.CLASS_MOST + 1 for cell in _solution(slug).cells for t in hints.tiers(cell.source))
+
+
+# --- the tests' own detectors, on answers given away on purpose -----------------------------
 
 SOLUTION = ["    (y,) = ctx.saved_tensors", "    return grad_output * y * (1 - y)  # σ' = y (1 - y)"]
 
@@ -253,3 +425,48 @@ def test_a_quiz_hint_that_works_out_a_question_is_found(monkeypatch):
         exercise = Exercise("what", solution, [hint])
         monkeypatch.setitem(globals(), "exercises", lambda slug, exercise=exercise: ([exercise], set()))
         assert len(worked_answers("any")) == leaks
+
+
+@pytest.mark.parametrize("hint, found", [
+    ("```python\n(y,) = ctx.saved_tensors\nreturn ...  # grad_output times σ'\n```", 1),  # a skeleton
+    ("`inside = …`, then return the masked gradient", 1),
+    ("Unpack what forward saved, then return the incoming gradient times the derivative.", 0),  # steps
+])
+def test_a_skeleton_to_fill_in_is_found(hint, found, monkeypatch):
+    exercise = Exercise("sigmoid", SOLUTION, [f"<details><summary><b>Hint 3: the steps</b></summary>\n{hint}\n"
+                                              "</details>"])
+    monkeypatch.setitem(globals(), "exercises", lambda slug: ([exercise], set()))
+    assert len(blanks("any")) == found
+
+
+@pytest.mark.parametrize("hint, found", [
+    ("$\\frac{d}{dx}\\bigl[x\\,\\Phi(x)\\bigr] = \\Phi(x) + x\\,\\varphi(x)$", 1),  # LaTeX
+    ("∂(grad_out · 3x²)/∂x = grad_out · 6x", 2),  # unicode
+    ("$\\tanh'(x) = 1 - y^2$", 1),
+    ("the gradient is `grad * 3 * x**2`", 1),  # code
+    ("Differentiate $x\\,\\Phi(x)$ with the product rule; `normal_pdf` is Φ's derivative.", 0),  # a pointer
+    ("`ctx.needs_input_grad[1]` says whether β's gradient is wanted", 0),
+])
+def test_a_stated_formula_is_found(hint, found):
+    assert len(formulas(f"<details><summary><b>Hint 2: where to look</b></summary>\n{hint}\n</details>")) == found
+
+
+@pytest.mark.parametrize("secret, shown, near", [
+    ("grad_x=grad_output*(s+beta*x*s*(1-s))", "grad_input=grad_output*(s+input*s*(1-s)*beta)", True),  # reordered
+    ("returngrad_output*y*(1-y)", "returngrad*out*(1-out)", True),  # renamed
+    ("grad_weight=grad_output.T@input", "grad_weight=grad_output.t()@input", True),  # a few characters
+    ("analytical=analytical_jacobian(f,inputs)", "out=conv2d(x,w)", False),  # names alone
+    ("returngrad_output.expand(ctx.shape)/ctx.shape[ctx.dim],None,None",
+     "returngrad_output.expand(ctx.shape),None,None", False),  # Sum's backward is not Mean's
+])
+def test_a_near_verbatim_line_is_found(secret, shown, near):
+    assert Shown.of({shown}).near_copy(secret) == near
+
+
+@pytest.mark.parametrize("line, counts", [
+    ("(x,)=ctx.saved_tensors", False), ("returngrad_x,None", False), ("ctx.save_for_backward(x,beta)", False),
+    ("ctx.shape,ctx.dim=x.shape,dim", False), ("fromtypingimportList", False),
+    ("ctx.save_for_backward(xifweight_needselseNone,mask)", True), ("s=torch.sigmoid(beta*x)", True),
+])
+def test_plumbing_is_not_measured(line, counts):
+    assert measured(line) == counts
