@@ -26,7 +26,7 @@ import builtins
 import difflib
 import keyword
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 
 import nbformat
@@ -50,8 +50,8 @@ CONTROL = re.compile(r"^(else|try|finally|except\b.*|return(None|True|False)?|pa
 HEADER = re.compile(r"^(if|elif|while|for)[^(=]*:$")  # a test or a loop over plain names: structure
 
 
-def normal(line: str) -> str:
-    """A line of code without its comment and without any whitespace."""
+def uncommented(line: str) -> str:
+    """A line of code without its comment (a `#` inside a string stays)."""
     quote, kept = None, []
     for char in line:
         if quote is None and char == "#":
@@ -59,11 +59,17 @@ def normal(line: str) -> str:
         if char in "'\"":
             quote = None if quote == char else quote or char
         kept.append(char)
-    return re.sub(r"\s+", "", "".join(kept))
+    return "".join(kept)
+
+
+def normal(line: str) -> str:
+    """A line of code without its comment and without any whitespace."""
+    return re.sub(r"\s+", "", uncommented(line))
 
 
 TOKEN = re.compile(r"[A-Za-z_]\w*|\d+\.?\d*(?:e-?\d+)?|\S")
-KEPT = {*keyword.kwlist, *dir(builtins), "torch", "F", "np", "math", "ctx", "self"}
+# Kept as they are in a line's shape; `input`, a builtin no solution calls, is the name of many a tensor.
+KEPT = {*keyword.kwlist, *dir(builtins), "torch", "F", "np", "math", "ctx", "self"} - {"input"}
 FEWEST = 6  # tokens: a shorter line's shape is too common to mean anything
 
 
@@ -100,6 +106,7 @@ class Exercise:
     answer_id: str
     solution: list[str]  # its solution's lines, as written
     hints: list[str]  # the markdown of its hint cells, as a class receives them at most
+    question: set[str] = field(default_factory=set)  # what its own goal shows: from its heading to its answer cell
 
 
 def _between(source: str) -> list[str]:
@@ -134,16 +141,20 @@ def exercises(slug: str) -> tuple[list[Exercise], set[str]]:
                  if c.metadata.get("nbgrader", {}).get("solution")}
     found: list[Exercise] = []
     shown: set[str] = set()
+    question: set[str] = set()  # the code shown since the last heading
     for cell in class_edition(slug).cells:
         grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        code = code_in(cell.source) if cell.cell_type == "markdown" else [n for n in map(normal, cell.source.splitlines())
+                                                                           if n]
+        if cell.cell_type == "markdown" and re.match(r"#+ ", cell.source):
+            question = set()
         if grade_id in solutions and cell.metadata["nbgrader"].get("solution"):
-            found.append(Exercise(grade_id, solutions[grade_id], []))
+            found.append(Exercise(grade_id, solutions[grade_id], [], question | set(code)))
         elif cell.cell_type == "markdown" and "<details>" in cell.source and found:
             found[-1].hints.append(cell.source)
-        elif cell.cell_type == "markdown":
-            shown.update(code_in(cell.source))
-        if cell.cell_type == "code":
-            shown.update(n for n in map(normal, cell.source.splitlines()) if n)
+            continue
+        shown.update(code)
+        question |= set(code)
     return found, shown
 
 
@@ -222,7 +233,11 @@ def worked_answers(slug: str) -> list[str]:
 
 # --- skeletons to fill in, and formulas where deriving them is the exercise ------------------
 
-BLANK = re.compile(r"\.\.\.|…")  # what a skeleton leaves for the student to write
+# What a skeleton leaves for the student to write: `...` as a statement, a test, a value assigned
+# or returned, or an operand (not Python's own Ellipsis in `x[..., i]`, nor "some arguments" in `f(...)`).
+DOTS = r"(\.\.\.|…)"
+BLANK = re.compile(rf"^{DOTS}$|^(return|yield|if|elif|while|with|assert)\W{{0,2}}{DOTS}|=\W{{0,2}}{DOTS}"
+                   rf"|{DOTS}[*/@+-]|[*/@+-]{DOTS}")
 
 
 def blanks(slug: str) -> list[str]:
@@ -236,6 +251,7 @@ MATH = re.compile(r"\$\$(.+?)\$\$|\$([^$\n]+)\$", re.S)
 RELATION = re.compile(r"=|\\partial|\\nabla|\\frac\{d|\\mathrm\{d\}|'\s*\(")  # inside math: an equation
 DERIVATIVE = re.compile(r"[∂∇′]|\bd\s*/\s*d[a-zα-ω]|\b\w+'\s*\(\s*\w+\s*\)")  # outside math: ∂, ∇, f', d/dx
 ARITHMETIC = re.compile(r"[\w)\]]\s*(\*\*|[*/@+-])\s*[\w(]")  # code: an expression computed from names
+NUMBER = re.compile(r"\d+\.?\d*e[-+]?\d+")  # 1e-12 is a number, not a subtraction
 
 
 def formulas(markdown: str) -> list[str]:
@@ -246,7 +262,7 @@ def formulas(markdown: str) -> list[str]:
     math = [a or b for a, b in MATH.findall(prose)]
     words = MATH.sub("", prose)
     return ([m.strip() for m in math if RELATION.search(m)] + DERIVATIVE.findall(words)
-            + [c for c in code if ARITHMETIC.search(c)])
+            + [c for c in code if ARITHMETIC.search(NUMBER.sub("0", c))])
 
 
 def stated_formulas(slug: str) -> list[str]:
@@ -260,20 +276,62 @@ GOAL = 0.05  # the most of the solutions' measured lines that the class edition 
 MEASURED = 15  # characters (no spaces, no comment): a shorter solution line says too little to measure
 INFORMATIVE = 3  # tokens beyond names and punctuation: a renamed copy with fewer says nothing
 REORDERED = 12  # tokens: a line this long with another's tokens in another order is a copy of it
-PLUMBING = [  # solution lines that say nothing of the answer:
-    re.compile(r"^\(?[\w,]+\)?=(ctx\.saved_tensors|inputs|dL_doutputs)$"),  # unpacking what arrives
-    re.compile(r"^return[\w,]*$"),  # returning plain names (None among them)
-    re.compile(r"^ctx\.(save_for_backward|save_for_forward|mark_dirty|mark_non_differentiable|set_materialize_grads)"
-               r"\([\w,*]*\)$"),  # ctx's bookkeeping, of plain names
-    re.compile(r"^(ctx\.\w+,?)+=[\w.,]+$"),  # plain values kept on ctx
-    re.compile(r"^(import|from|def|class|@)\b"),  # imports, decorators and headers
+HEADERS = re.compile(r"^(import|from|def|class)\b|^@")  # imports, headers and decorators, as written
+PLUMBING = [  # solution lines (compact: spaces only between words) that say nothing of the answer:
+    re.compile(r"^\(?\w+(,\w+)*,?\)?=(ctx\.saved_tensors|inputs|dL_doutputs)$"),  # unpacking what arrives
+    re.compile(r"^return ?[\[(]?\w+(,\w+)*[\])]?$"),  # returning plain names (None among them)
+    re.compile(r"^(return )?[\w.]+\((\*?\w+(,\*?\w+)*)?\)$"),  # a call of plain names: ctx's bookkeeping...
+    re.compile(r"^ctx\.\w+(,ctx\.\w+)*=[\w.]+(,[\w.]+)*$"),  # plain values kept on ctx
+    re.compile(r'^record\("\w+",\[\w+(,\w+)*\],\[\w+(,\w+)*\],\w+\)$'),  # a tape entry of plain names
+    re.compile(r"^with [\w.]+\(\):$"),  # a context entered without arguments
 ]
 
 
+def compact(line: str) -> str:
+    """A line of code without its comment, with spaces only between two words."""
+    return re.sub(r"\s*([^\w\s])\s*", r"\1", re.sub(r"\s+", " ", uncommented(line).strip()))
+
+
+# Lines the class edition shows near-verbatim on purpose: {normalised solution line: why}. Each
+# is an idiom the course teaches everywhere, or a demo whose subject needs it; the rest count.
+IDIOMS = {
+    "x=x.detach().requires_grad_()": "a fresh leaf, in every notebook from 05 on",
+    "x=x.clone().requires_grad_()": "a fresh leaf",
+    "flat=x.view(-1)": "a flat view, which 5.1's goal recommends",
+    "(g,)=torch.autograd.grad(f(x),x,create_graph=True)": "a gradient with a graph: notebook 07's section 1",
+    "returntorch.from_numpy(np.asarray(out)).to(device=x.device,dtype=x.dtype)":
+        "back from NumPy to the input's device and dtype, as 10's given SquaredDistance does",
+    "returnt.untyped_storage().data_ptr()": "a storage's address: 06's section 1 compares storages so",
+    "y=torch.sigmoid(x)": "Sigmoid's definition, forward only (6.2's goal allows torch.sigmoid)",
+    "returnx*torch.sigmoid(beta*x)": "Swish's definition, forward only",
+    "z=torch.zeros_like(x)": "the start of 9.4's iteration, as section 5's unrolled one starts",
+    "z_next=torch.tanh(z@W.T+x)": "9.4's equation, which its goal and section 5 state",
+    "returnorder[::-1]": "post-order reversed, as topological_order_recursive returns it",
+    "expx=torch.exp(x)": "SinhBad's forward (the tutorial's), which 7.2 keeps: it changes what is saved and returned",
+    "expnegx=torch.exp(-x)": "SinhBad's forward, which 7.2 keeps",
+    "ctx.devices=sorted({t.device.indexor0fortininputsift.is_cuda})":
+        "the GPU's generator bookkeeping, which 8.3's goal says the course shows (8.5 gives it)",
+    "ctx.states=[torch.get_rng_state(),*(torch.cuda.get_rng_state(d)fordinctx.devices)]":
+        "the generator states, as 8.5's given code keeps them",
+    "returngrad_output*y*(1-y)": "05's broken Softmax, which 5.4a repairs, treats softmax as a sigmoid; 6.2's goal "
+                                 "states the formula (its exercise is what to save)",
+    "returngrad_output*(1-y*y)": "07's Tanh, whose graph exercise 7.5 reads; 6.3 is about writing in place",
+    "returngrad_output@b.mT,a.mT@grad_output": "a matrix product's gradients: 04's table, 10's autocast demos; 4.2 is "
+                                               "about batches (.mT)",
+    "dL_dt_total=add_optional(dL_dt,NoneifdL_drisNoneelsedL_dr*b)":
+        "the gradient reaching t of r = t·b: section 2 fixes it for simple, 2.3 applies it to t = exp(a)",
+}
+
+
+def says_something(line: str) -> bool:
+    """A solution line (as written) that says something of the answer."""
+    n = normal(line)
+    return (len(n) >= MEASURED and not CONTROL.match(n) and not HEADER.match(n) and not HEADERS.match(line.strip())
+            and not any(p.match(compact(line)) for p in PLUMBING))
+
+
 def measured(line: str) -> bool:
-    """A normalised solution line that says something of the answer."""
-    return (len(line) >= MEASURED and not CONTROL.match(line) and not HEADER.match(line)
-            and not any(p.match(line) for p in PLUMBING))
+    return says_something(line) and normal(line) not in IDIOMS
 
 
 def _anonymous(line: str) -> tuple[str, ...]:
@@ -299,14 +357,21 @@ class Shown:
         if secret in self.lines:
             return True
         form = shape(secret)
-        if len(form) >= FEWEST and form in self.shapes and \
-                sum(not re.fullmatch(r"v\d+|[()\[\]{},.:=]", t) for t in form) >= INFORMATIVE:
+        informative = sum(not re.fullmatch(r"v\d+|[()\[\]{},.:=\"']", t) for t in form) >= INFORMATIVE
+        if len(form) >= FEWEST and informative and form in self.shapes:
             return True
-        if len(form) >= REORDERED and _anonymous(secret) in self.bags:
+        if len(form) >= REORDERED and informative and _anonymous(secret) in self.bags:
             return True
-        return len(secret) >= 2 * SHORTEST and any(
-            abs(len(s) - len(secret)) <= 2 * (1 - NEAR) * len(secret) and similarity(s, secret) >= NEAR
-            for s in self.lines)
+        if len(secret) < 2 * SHORTEST:
+            return False
+        matcher = difflib.SequenceMatcher(None, autojunk=False)
+        matcher.set_seq2(secret)  # indexed once; each shown line of about its length is compared with it
+        for line in self.lines:
+            if abs(len(line) - len(secret)) <= 2 * (1 - NEAR) * len(secret):
+                matcher.set_seq1(line)
+                if matcher.real_quick_ratio() >= NEAR and matcher.quick_ratio() >= NEAR and matcher.ratio() >= NEAR:
+                    return True
+        return False
 
 
 @cache
@@ -320,9 +385,12 @@ def shown_by_the_class_edition() -> Shown:
 
 
 def near_verbatim(slug: str) -> tuple[list[str], list[str]]:
-    """(the measured lines of the notebook's solutions, those the class edition shows near-verbatim)."""
+    """(the measured lines of the notebook's solutions, those the class edition shows near-verbatim).
+    What an exercise's own goal shows (its starting program, its definition) is its question,
+    not its answer; quizzes are read by the tests of hints above."""
     found, _ = exercises(slug)
-    lines = [n for e in found if not quiz_answers(e) for n in map(normal, e.solution) if measured(n)]
+    lines = [normal(line) for e in found if not quiz_answers(e) for line in e.solution
+             if measured(line) and not Shown.of(e.question).near_copy(normal(line))]
     shown = shown_by_the_class_edition()
     return lines, [n for n in lines if shown.near_copy(n)]
 
@@ -370,6 +438,14 @@ def test_the_class_edition_shows_few_solution_lines_near_verbatim():
     lines, given = (sum(c[i] for c in counts.values()) for i in (0, 1))
     shown = "\n".join(f"{slug}: {n} of {total}" for slug, (total, n) in counts.items() if n)
     assert given <= GOAL * lines, f"{given} of {lines} solution lines near-verbatim in the class edition:\n{shown}"
+
+
+def test_every_idiom_is_a_solution_line_the_class_edition_shows():
+    """IDIOMS lists no more than it must: each entry is a solution line that would count, and
+    that the class edition shows near-verbatim."""
+    lines = {normal(line) for slug in SLUGS for e in exercises(slug)[0] for line in e.solution if says_something(line)}
+    shown = shown_by_the_class_edition()
+    assert [idiom for idiom in IDIOMS if idiom not in lines or not shown.near_copy(idiom)] == []
 
 
 def test_every_exercise_has_hints_and_a_solution_the_test_reads():
@@ -463,10 +539,13 @@ def test_a_near_verbatim_line_is_found(secret, shown, near):
     assert Shown.of({shown}).near_copy(secret) == near
 
 
-@pytest.mark.parametrize("line, counts", [
-    ("(x,)=ctx.saved_tensors", False), ("returngrad_x,None", False), ("ctx.save_for_backward(x,beta)", False),
-    ("ctx.shape,ctx.dim=x.shape,dim", False), ("fromtypingimportList", False),
-    ("ctx.save_for_backward(xifweight_needselseNone,mask)", True), ("s=torch.sigmoid(beta*x)", True),
+@pytest.mark.parametrize("line, says", [
+    ("(x,) = ctx.saved_tensors", False), ("return grad_x, None", False), ("ctx.save_for_backward(x, beta)", False),
+    ("ctx.shape, ctx.dim = x.shape, dim", False), ("from typing import List", False),
+    ("def propagate(dL_doutputs):", False), ("return [dL_da, dL_db]", False),
+    ('record("exp_mul", [a, b], [r, t], propagate)', False), ("with torch.no_grad():", False),
+    ("ctx.save_for_backward(x if weight_needs else None, mask)", True), ("s = torch.sigmoid(beta * x)", True),
+    ("with torch.random.fork_rng(devices=devices), torch.enable_grad():", True),
 ])
-def test_plumbing_is_not_measured(line, counts):
-    assert measured(line) == counts
+def test_plumbing_says_nothing(line, says):
+    assert says_something(line) == says
