@@ -244,7 +244,7 @@ def build_package(out: Path, root: Path = authoring.ROOT, self_study: bool = Fal
         from .checks import answers  # (the checks import torch: not for a refusal)
 
         answers.write_keys_module(package, root)
-    packages = ["autograder", *(f"autograder.{name}" for name in STUDENT_PACKAGES)]
+    packages = sorted(".".join(p.parent.relative_to(out).parts) for p in package.rglob("__init__.py"))
     (out / "pyproject.toml").write_text(PYPROJECT.format(
         name=authoring.distribution(self_study), version=version, url=url,
         dependencies=_toml_list(DEPENDENCIES), packages=_toml_list(packages),
