@@ -32,6 +32,11 @@ if not os.environ.get("NBGRADER_EXCHANGE") and not os.path.isdir(SHARED_EXCHANGE
 # breaking the grading of the whole notebook.
 c.OverwriteCells.add_missing_cells = True
 
+# A class receives the first `hint-tiers` tiers of each hint ([tool.autograd-course] in
+# pyproject.toml; autograder/hints.py): the release (`make release`, `nbgrader generate_assignment`,
+# formgrader's Generate) removes the others last.
+c.GenerateAssignment.preprocessors.append("autograder.hints.ClassHints")
+
 # Checks run gradcheck on several devices; leave room above nbgrader's 30 s default.
 c.Execute.timeout = 120
 

@@ -42,14 +42,22 @@ def release() -> None:
 
     Each notebook of solutions/ is put in its stored form (outputs cleared, the shared setup
     and hand-in cells), then released with stock `nbgrader generate_assignment` into course/
-    and the gradebook. course/ASSIGNMENT/ is replaced whole: a file there that solutions/
-    does not have (one added by hand) stops the release before anything is written.
+    and the gradebook, with the first hint-tiers tiers of each hint. course/ASSIGNMENT/ is
+    replaced whole: a file there that solutions/ does not have (one added by hand) stops the
+    release before anything is written. The student package's earlier answers (the model
+    answers later notebooks import) are written for the assignments listed as past-due.
+    ([tool.autograd-course] hint-tiers and past-due in pyproject.toml.)
     """
     from rich.console import Console
 
-    from . import authoring
+    from . import authoring, earlier_answers, hints
     from .grader import progress
 
+    try:
+        hints.class_tiers(authoring.ROOT)
+        earlier_answers.past_due()
+    except (hints.HintConfigError, earlier_answers.PastDueError) as error:
+        raise fail(str(error)) from None
     slugs = authoring.assignments()
     extra = authoring.hand_made(slugs)
     if extra:
@@ -68,10 +76,13 @@ def release() -> None:
                 raise fail(f"nbgrader could not release {slug} ({str(error).strip() or 'see its messages above'}); "
                            f"course/{slug} is as git has it (git checkout course/{slug})", 1) from None
         authoring.write_visible_checks()
+        earlier_answers.write()
     for slug in changed:
         typer.echo(f"normalised solutions/{slug}")
-    typer.echo(f"course/ regenerated from solutions/ ({len(slugs)} notebooks), and the summary cells' list of "
-               "visible checks")
+    due = [slug for slug in earlier_answers.past_due() if earlier_answers.exported(slug)]
+    typer.echo(f"course/ regenerated from solutions/ ({len(slugs)} notebooks, {hints.class_tiers(authoring.ROOT)} "
+               f"hint tiers), the summary cells' list of visible checks, and the earlier answers later notebooks "
+               f"import (given: {', '.join(due) or 'none yet'})")
     _remind_to_rotate(authoring.ROOT)
 
 

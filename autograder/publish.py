@@ -16,7 +16,8 @@ authoring tools, no solutions, hidden tests or quiz keys (tests/test_publish.py 
 and searches it for the distinctive lines of each).
 
 `build(out, self_study=True)` is the edition for self-learners, who have no one to grade
-them: the same, plus every quiz's key and explanations (`autograder/checks/quiz_keys.py`),
+them: the same, plus every tier of every hint (a class receives the first `hint-tiers`,
+autograder/hints.py) and every quiz's key and explanations (`autograder/checks/quiz_keys.py`),
 so each quiz's visible check judges and explains every answer at once; its notebooks, its
 summary and its README speak to a learner alone (no hand-in cell, no instructor). It has a
 repository and a distribution name of its own (`self-study-repository`,
@@ -243,7 +244,7 @@ def build_package(out: Path, root: Path = authoring.ROOT, self_study: bool = Fal
         from .checks import answers  # (the checks import torch: not for a refusal)
 
         answers.write_keys_module(package, root)
-    packages = ["autograder", *(f"autograder.{name}" for name in STUDENT_PACKAGES)]
+    packages = sorted(".".join(p.parent.relative_to(out).parts) for p in package.rglob("__init__.py"))
     (out / "pyproject.toml").write_text(PYPROJECT.format(
         name=authoring.distribution(self_study), version=version, url=url,
         dependencies=_toml_list(DEPENDENCIES), packages=_toml_list(packages),
@@ -382,10 +383,14 @@ def _toml_list(items: list[str]) -> str:
 
 
 def self_study_notebook(released: Path, root: Path = authoring.ROOT) -> nbformat.NotebookNode:
-    """A released notebook as the self-study edition has it: its setup cell installs from the
+    """A released notebook as the self-study edition has it: every tier of every hint (from
+    solutions/: a class receives only the first few), its setup cell installs from the
     self-study repository, no hand-in cell, no hidden test cell (left with only its comment
     by the release: this edition has no hidden tests), and its text speaks to a learner alone."""
-    nb = nbformat.read(released, as_version=4)
+    from . import hints  # (it loads nbgrader: not for a refusal)
+
+    nb = hints.every_tier(nbformat.read(released, as_version=4),
+                          nbformat.read(authoring.solution_path(released.stem, root), as_version=4))
     nb.cells = [c for c in nb.cells
                 if authoring.HAND_IN_TAG not in c.metadata.get("tags", []) and not _nothing_to_run(c)]
     setup = next(c for c in nb.cells if c.cell_type == "code")

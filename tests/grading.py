@@ -62,7 +62,9 @@ class Course:
 
     def __init__(self, root: Path, slugs: list[str]) -> None:
         self.root = root
-        shutil.copytree(released(tuple(slugs)), root, dirs_exist_ok=True)
+        config = root / "pyproject.toml"  # a course's own settings (its hint tiers) shape its release
+        shutil.copytree(released(tuple(slugs), config.read_text() if config.exists() else None), root,
+                        dirs_exist_ok=True)
         self.db_url = f"sqlite:///{root / 'gradebook.db'}"
 
     def keep_secret(self, name: str) -> bytes:
@@ -108,12 +110,15 @@ class Course:
 
 
 @functools.cache
-def released(slugs: tuple[str, ...]) -> Path:
-    """A course root with `slugs` released by stock nbgrader, made once per test process (a
-    release and its new gradebook cost seconds): every Course of them is a copy."""
+def released(slugs: tuple[str, ...], config: str | None = None) -> Path:
+    """A course root with `slugs` released by stock nbgrader under the course's own
+    pyproject.toml `config` (None: none), made once per test process (a release and its new
+    gradebook cost seconds): every Course of them is a copy."""
     root = Path(tempfile.mkdtemp(prefix="released-"))
     atexit.register(shutil.rmtree, root, ignore_errors=True)
     shutil.copy(authoring.ROOT / "nbgrader_config.py", root)
+    if config is not None:
+        (root / "pyproject.toml").write_text(config)
     for slug in slugs:
         shutil.copytree(authoring.ROOT / "solutions" / slug, root / "solutions" / slug)
     authoring.release(root)

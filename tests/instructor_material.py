@@ -1,11 +1,14 @@
 """The instructor's material, as lines to look for wherever students' code or students can
 read: every solution and hidden-test line (quiz keys are in hidden tests) that the released
-notebooks do not show."""
+notebooks do not show; and the only ones the student package may hold, the earlier answers
+that later notebooks import once their notebook is past due."""
 from __future__ import annotations
+
+from pathlib import PurePosixPath
 
 import nbformat
 
-from autograder import authoring
+from autograder import authoring, earlier_answers
 
 SHORTEST = 20  # characters: shorter lines are too common to mean anything
 
@@ -41,3 +44,17 @@ def instructor_lines() -> dict[str, str]:
                     if len(line) >= SHORTEST and not line.startswith("#") and line not in released:
                         found.setdefault(line, f"{slug} {grade_id} ({kind})")
     return found
+
+
+EARLIER = PurePosixPath("autograder/student/earlier")  # where the student package gives earlier answers
+
+
+def earlier_lines(name: str) -> set[str]:
+    """The stripped lines that the file `name` (a path in the student package) may hold of the
+    solutions: for the module of a notebook listed as past due in autograder/student/earlier/, its
+    model answers that later notebooks import; for any other file, none."""
+    path = PurePosixPath(name)
+    slug = {earlier_answers.topic(s): s for s in earlier_answers.past_due()}.get(path.stem)
+    if path.parent != EARLIER or slug is None:
+        return set()
+    return {line.strip() for cell in earlier_answers.exported(slug) for line in cell.splitlines()}

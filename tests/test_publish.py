@@ -15,9 +15,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import authoring, publish
+from autograder import authoring, hints, publish
 from autograder.checks import answers
-from instructor_material import instructor_lines
+from instructor_material import earlier_lines, instructor_lines
 
 # Lines of solutions that the student side may share without giving an answer away, each
 # with the reason. Boilerplate of any custom Function:
@@ -72,19 +72,43 @@ def test_the_public_repository_holds_the_student_package_and_the_released_notebo
     assert not list(public.rglob("solutions")) and not list(public.rglob("grader"))
 
 
-def test_nothing_of_a_solution_hidden_test_or_key_is_in_what_students_get(public):
+def _leaks(folder: Path) -> list[str]:
+    """Lines of the instructor's material in `folder`, but the ones allowed (COMMON, KNOWN, and
+    the earlier answers a module of autograder/student/earlier/ may give)."""
     secrets = instructor_lines()
-    assert len(secrets) > 150, len(secrets)
-    assert {where.split()[0] for where in secrets.values()} == set(authoring.assignments())  # every notebook's
     leaks = []
-    for name, text in _texts(public).items():
+    for name, text in _texts(folder).items():
         lines = {line.strip() for line in text.splitlines()}
         if name.endswith(".ipynb"):
             lines = {line.strip() for cell in nbformat.reads(text,
                                                              as_version=4).cells for line in cell.source.splitlines()}
+        given = earlier_lines(name)
         leaks += [f"{name}: {line!r}  <- {secrets[line]}" for line in sorted(lines & set(secrets))
-                  if line not in COMMON and line not in KNOWN]
+                  if line not in COMMON and line not in KNOWN and line not in given]
+    return leaks
+
+
+def test_nothing_of_a_solution_hidden_test_or_key_is_in_what_students_get(public):
+    secrets = instructor_lines()
+    assert len(secrets) > 150, len(secrets)
+    assert {where.split()[0] for where in secrets.values()} == set(authoring.assignments())  # every notebook's
+    leaks = _leaks(public)
     assert not leaks, "\n".join(leaks)
+
+
+def test_an_earlier_answer_is_allowed_in_its_own_module_only(public, tmp_path):
+    """The allowance for autograder/student/earlier/ is its past-due notebook's model answers,
+    in that notebook's module: another notebook's line there, or one of them elsewhere, is a leak."""
+    copy = tmp_path / "public"
+    shutil.copytree(public, copy)
+    given = sorted(earlier_lines("autograder/student/earlier/function_basics.py") & set(instructor_lines()))
+    assert given, "03's ClippedReLU is given, past due, in this repository's configuration"
+    other = next(line for line, where in instructor_lines().items() if where.startswith("05_gradcheck"))
+    with open(copy / "autograder" / "student" / "earlier" / "function_basics.py", "a") as f:
+        f.write(f"\n{other}\n")
+    with open(copy / "autograder" / "student" / "report.py", "a") as f:
+        f.write(f"\n{given[0]}\n")
+    assert len(_leaks(copy)) == 2, _leaks(copy)
 
 
 @pytest.mark.slow
@@ -98,6 +122,7 @@ def test_the_student_package_builds_a_wheel_without_the_instructor_side(public, 
     names = zipfile.ZipFile(wheel).namelist()
     assert "autograder/student/__init__.py" in names and "autograder/exercises/function_basics.py" in names
     assert "autograder/student/visible_checks.json" in names  # the summary cells read it
+    assert "autograder/student/earlier/function_basics.py" in names  # a subpackage: 10 imports 03's answer
     assert not [n for n in names if n.startswith(("autograder/grader", "autograder/runner", "autograder/isolation",
                                                     "autograder/cli", "autograder/authoring", "autograder/publish"))]
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()
@@ -163,6 +188,19 @@ def test_the_self_study_edition_has_its_own_address_and_speaks_to_a_learner_alon
         for cell in nb.cells:
             if cell.cell_type == "markdown":
                 assert not speaks_of_grading.search(cell.source), (path.name, speaks_of_grading.search(cell.source))
+
+
+def test_a_class_gets_the_configured_hint_tiers_and_self_learners_every_tier(public, self_study):
+    """The class edition's notebooks are course/'s (the first hint-tiers tiers); the self-study
+    edition's have every tier of every hint, as solutions/ writes them."""
+    for slug in authoring.assignments():
+        solution = nbformat.read(authoring.solution_path(slug), as_version=4)
+        written = [cell.source for cell in solution.cells if hints.is_hint(cell)]
+        learners = nbformat.read(self_study / "course" / slug / f"{slug}.ipynb", as_version=4)
+        assert [cell.source for cell in learners.cells if hints.is_hint(cell)] == written, slug
+        classes = nbformat.read(public / "course" / slug / f"{slug}.ipynb", as_version=4)
+        most = max((t for cell in classes.cells for t in hints.tiers(cell.source)), default=0)
+        assert most <= hints.class_tiers(authoring.ROOT), slug
 
 
 def test_the_self_study_summary_speaks_of_no_grading(self_study):

@@ -60,6 +60,8 @@ OUTPUTS: dict[str, int] = {"pair": 2}
 TEST_OPS = ("first", "sentinel", "pair")
 # The operations the notebooks define as `operator_<name>` (and a transcript replaces).
 NOTEBOOK_OPS = ("neg", "add", "mul", "sum", "expand", "t", "exp", "sin", "cos", "matmul")
+# Where a notebook's tape comes from when it imports it (autograder/student/earlier/).
+EARLIER = "autograder.student.earlier."
 
 
 # --- programs: what a check asks the student's code to compute -----------------------------
@@ -138,6 +140,12 @@ class Tape:
                 raise TapeMissing(f"`{name}` is not defined: run the cells above (the tape's definitions) first.")
         self.Variable = self.ns["Variable"]
         self.tape: list[Any] = self.ns["gradient_tape"]
+        # A notebook that imports its tape (02 imports 01's model answers): the tape's operations
+        # look each other up in their own module, so stand-ins and watchers go there as well.
+        home = getattr(self.Variable, "__module__", "")
+        self.spaces: list[dict[str, Any]] = [self.ns]
+        if home.startswith(EARLIER) and home in sys.modules:
+            self.spaces.append(vars(sys.modules[home]))
 
     def var(self, value: torch.Tensor) -> Any:
         return self.Variable(value.detach().clone())
@@ -174,22 +182,22 @@ class Tape:
     def isolated(self, keep: Sequence[str] = (), recorder: "Recorder | None" = None) -> Iterator["Tape"]:
         """An empty tape and stand-ins for the notebook's operations (except `keep`); with
         a `recorder`, every entry recorded meanwhile is logged. Restored afterwards."""
-        saved_tape, saved_name = list(self.tape), self.ns.get("_name")
+        saved_tape = list(self.tape)
         patched = {f"operator_{op}": stand_in(self, op) for op in NOTEBOOK_OPS if op not in keep}
         if recorder is not None:
             patched["record"] = recorder.watching(self.ns["record"])
-        saved = {k: self.ns[k] for k in patched if k in self.ns}
+        saved = [(space, {k: space[k] for k in (*patched, "_name") if k in space}) for space in self.spaces]
         self.tape.clear()
-        self.ns.update(patched)
+        for space in self.spaces:
+            space.update(patched)
         try:
             yield self
         finally:
             self.tape[:] = saved_tape
-            for k in patched:
-                self.ns.pop(k, None)
-            self.ns.update(saved)
-            if saved_name is not None:
-                self.ns["_name"] = saved_name
+            for space, before in saved:
+                for k in patched:
+                    space.pop(k, None)
+                space.update(before)
 
 
 # --- stand-ins: forward values here, gradients from the judging side ------------------------

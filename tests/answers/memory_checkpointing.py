@@ -99,11 +99,15 @@ class Checkpoint(torch.autograd.Function):
           ("            recomputed[next(position)] = t.detach()\n",
            "            trace.append(t.detach())\n            recomputed[next(position)] = trace[-1]\n")),
     # True or false
-    wrong("claims", "thinks detach() saves memory", ('"a": "false"', '"a": "true"')),
-    wrong("claims", "thinks checkpointing is O(1) memory", ('"c": "false"', '"c": "true"')),
-    wrong("claims", "thinks a missing RNG state raises", ('"e": "false"', '"e": "true"')),
-    wrong("claims", "thinks the non-reentrant checkpoint runs the block without recording",
-          ('"i": "false"', '"i": "true"')),
+    wrong("claims", "thinks a view kept on ctx keeps only the elements it shows", ('"a": "false"', '"a": "true"')),
+    wrong("claims", "thinks a saved mask keeps the tensor it was computed from", ('"b": "false"', '"b": "true"')),
+    wrong("claims", "thinks the best segment length does not depend on the number of layers",
+          ('"d": "true"', '"d": "false"')),
+    wrong("claims", "thinks the reentrant checkpoint sees a weight the block reads from outside",
+          ('"g": "false"', '"g": "true"')),
+    wrong("claims", "thinks float16 keeps bfloat16's range (1e-8 non-zero)", ('"h": "false"', '"h": "true"')),
+    wrong("claims", "thinks a checkpoint recomputes once per graph, not once per backward",
+          ('"i": "true"', '"i": "false"')),
 ]
 
 # Float32 inputs: the recomputation in float64 gives float64 gradients, which autograd's engine casts back to
@@ -222,7 +226,7 @@ class save_as_bf16(torch.autograd.graph.saved_tensors_hooks):
         super().__init__(pack, unpack)
 '''),
     right("claims", "capitals and spaces", source='''
-claims = {"a": "False", "b": " true", "c": "FALSE", "d": "True", "e": "false ", "f": "false", "g": "False", "h": "TRUE",
-          "i": " False"}
+claims = {"a": "False", "b": " false", "c": "FALSE", "d": "True", "e": "true ", "f": "TRUE", "g": "False", "h": "false",
+          "i": " True"}
 '''),
 ]
