@@ -33,10 +33,13 @@ class Exercise:
 
 
 def exercises(nb: nbformat.NotebookNode) -> list[Exercise]:
-    """Answer cells in order, each with the graded cells that follow it."""
+    """Answer cells in order, each with the graded cells that follow it. A markdown answer is
+    graded by a person in formgrader (11's design write-up): no check grades it, so it is none."""
     found: list[Exercise] = []
     for cell in nb.cells:
         meta = cell.metadata.get("nbgrader", {})
+        if cell.cell_type != "code":
+            continue
         if meta.get("solution"):
             found.append(Exercise(meta["grade_id"], model_solution(cell.source), []))
         elif meta.get("grade") and found:
