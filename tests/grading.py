@@ -47,6 +47,12 @@ def exercises(nb: nbformat.NotebookNode) -> list[Exercise]:
     return found
 
 
+def written_answers(nb: nbformat.NotebookNode) -> dict[str, str]:
+    """{grade_id: the model answer} of the markdown answers a person grades (11's design write-up)."""
+    return {c.metadata["nbgrader"]["grade_id"]: c.source for c in nb.cells
+            if c.cell_type == "markdown" and c.metadata.get("nbgrader", {}).get("solution")}
+
+
 def points(slug: str, answer_id: str | None = None) -> float:
     """The most a submission of `slug` can score: in all, or from the graded cells that check
     the answer cell `answer_id`."""
@@ -181,12 +187,14 @@ class ClassBatch:
 
         module = for_notebook(slug)
         course = Course(root, [slug])
-        found = exercises(nbformat.read(authoring.solution_path(slug), as_version=4))
+        nb = nbformat.read(authoring.solution_path(slug), as_version=4)
+        found = exercises(nb)
         model = {e.answer_id: e.solution for e in found}
         submissions = [Submission("correct"), *packed("wrong", module.MUTANTS, True),
                        *packed("right", module.VARIANTS, False)]
-        for sub in submissions:
-            course.submit(sub.student, slug, {**model, **{ex: a.apply(model[ex]) for ex, a in sub.answers.items()}})
+        for sub in submissions:  # each writes the answers a person grades too: they stay for formgrader
+            course.submit(sub.student, slug, {**written_answers(nb), **model,
+                                              **{ex: a.apply(model[ex]) for ex, a in sub.answers.items()}})
         course.submit("released", slug, None)
         autograder = Path(sys.executable).with_name("autograder")
         result = subprocess.run([str(autograder), "grade", slug, "--feedback"], cwd=root, capture_output=True,

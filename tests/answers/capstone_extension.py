@@ -310,7 +310,7 @@ MUTANTS = [
     wrong(LINEAR, "a mean over every row, ignored ones included",
           ("return losses.sum() / torch.where(counted > 0, counted, 1)", "return losses.mean()"),
           ("scale = scale / torch.where(counted > 0, counted, 1)", "scale = scale / valid.numel()")),
-    wrong(LINEAR, "a mean of nothing left as 0 / 0 (nan, where the contract says 0)",
+    wrong(LINEAR, "the whole batch's mean of nothing left as 0 / 0 (nan, where the contract says 0)",
           ("return losses.sum() / torch.where(counted > 0, counted, 1)", "return losses.sum() / counted"),
           ("scale = scale / torch.where(counted > 0, counted, 1)", "scale = scale / counted")),
     wrong(LINEAR, "gives ignored rows a gradient (no mask in backward)",
