@@ -655,6 +655,7 @@ VMAP_CASES: tuple[VmapSpec, ...] = (
     ((4, 5), "mean", True, None, [(None, 0)], [3]),
     ((2, 3), "none", False, None, [(0, 0)], [1]),
     ((3, 4), "mean", True, -100, [(0, 0, 0)], [2]),
+    ((3, 4), "sum", True, None, [(1, 1, 0)], [2]),  # every row counts: a 'mean' of one row hides its weight
 )
 
 
