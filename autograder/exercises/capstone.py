@@ -87,9 +87,9 @@ def reference(logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor |
     classes = logits.shape[-1]
     out = F.cross_entropy(logits.reshape(-1, classes), target.reshape(-1), weight=weight, reduction=reduction,
                           ignore_index=ignore_index)
-    if reduction == "none":
-        return out.reshape(target.shape)
-    return mean_of_nothing(out, target, ignore_index) if reduction == "mean" else out
+    if reduction == "mean":
+        return mean_of_nothing(out, target, ignore_index)
+    return out.reshape(target.shape) if reduction == "none" else out
 
 
 def mean_of_nothing(mean: torch.Tensor, target: torch.Tensor, ignore_index: int) -> torch.Tensor:
