@@ -59,8 +59,11 @@ c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.ClearHiddenTests",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
 ]
-c.HTMLExporter.template_name = "autograd-feedback"
-c.HTMLExporter.extra_template_basedirs = [
+# The template through an exporter of the feedback step's own: set on HTMLExporter, it would
+# replace formgrader's, whose page of a submission (manual grading) then fails to render.
+c.GenerateFeedback.exporter_class = "autograder.grader.feedback.FeedbackExporter"
+c.FeedbackExporter.template_name = "autograd-feedback"
+c.FeedbackExporter.extra_template_basedirs = [
     os.path.join(importlib.util.find_spec("nbgrader").submodule_search_locations[0], "server_extensions", "formgrader",
                  "templates"),
     os.path.join(os.path.dirname(importlib.util.find_spec("autograder").submodule_search_locations[0]), "jupyter",

@@ -71,7 +71,7 @@ def _exercises(root: Path) -> tuple[Exercise, ...]:
             elif meta.get("solution") and cell.cell_type == "code":
                 current = Exercise(meta["grade_id"], slug, heading, index, (), ())
                 found[slug, current.grade_id] = current
-            elif meta.get("grade") and current is not None:
+            elif meta.get("grade") and current is not None and cell.cell_type == "code":  # (markdown: by a person)
                 hidden = "### BEGIN HIDDEN TESTS" in cell.source
                 checks = tuple(c for c in _checks(cell.source, imported) if c not in current.check_names)
                 current = found[slug, current.grade_id] = Exercise(

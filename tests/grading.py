@@ -37,15 +37,24 @@ class Exercise:
 
 
 def exercises(nb: nbformat.NotebookNode) -> list[Exercise]:
-    """Answer cells in order, each with the graded cells that follow it."""
+    """Answer cells in order, each with the graded cells that follow it. A markdown answer is
+    graded by a person in formgrader (11's design write-up): no check grades it, so it is none."""
     found: list[Exercise] = []
     for cell in nb.cells:
         meta = cell.metadata.get("nbgrader", {})
+        if cell.cell_type != "code":
+            continue
         if meta.get("solution"):
             found.append(Exercise(meta["grade_id"], model_solution(cell.source), []))
         elif meta.get("grade") and found:
             found[-1].graded.append(meta["grade_id"])
     return found
+
+
+def written_answers(nb: nbformat.NotebookNode) -> dict[str, str]:
+    """{grade_id: the model answer} of the markdown answers a person grades (11's design write-up)."""
+    return {c.metadata["nbgrader"]["grade_id"]: c.source for c in nb.cells
+            if c.cell_type == "markdown" and c.metadata.get("nbgrader", {}).get("solution")}
 
 
 def points(slug: str, answer_id: str | None = None) -> float:
@@ -208,12 +217,14 @@ class ClassBatch:
 
         module = for_notebook(slug)
         course = Course(root, [slug])
-        found = exercises(nbformat.read(authoring.solution_path(slug), as_version=4))
+        nb = nbformat.read(authoring.solution_path(slug), as_version=4)
+        found = exercises(nb)
         model = {e.answer_id: e.solution for e in found}
         submissions = [Submission("correct"), *packed("wrong", module.MUTANTS, True),
                        *packed("right", module.VARIANTS, False)]
-        for sub in submissions:
-            course.submit(sub.student, slug, {**model, **{ex: a.apply(model[ex]) for ex, a in sub.answers.items()}})
+        for sub in submissions:  # each writes the answers a person grades too: they stay for formgrader
+            course.submit(sub.student, slug, {**written_answers(nb), **model,
+                                              **{ex: a.apply(model[ex]) for ex, a in sub.answers.items()}})
         course.submit("released", slug, None)
         course.keep_secret(f"class batch {slug}")
         autograder = Path(sys.executable).with_name("autograder")

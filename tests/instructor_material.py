@@ -1,7 +1,8 @@
 """The instructor's material, as lines to look for wherever students' code or students can
-read: every solution and hidden-test line (quiz keys are in hidden tests) that the released
-notebooks do not show; and the only ones the student package may hold, the earlier answers
-that later notebooks import once their notebook is past due."""
+read: every solution and hidden-test line (quiz keys are in hidden tests) and every line of a
+model written answer (a markdown cell a person grades) that the released notebooks do not show;
+and the only ones the student package may hold, the earlier answers that later notebooks
+import once their notebook is past due."""
 from __future__ import annotations
 
 from pathlib import PurePosixPath
@@ -43,6 +44,10 @@ def instructor_lines() -> dict[str, str]:
                 for line in between(cell.source, begin, end):
                     if len(line) >= SHORTEST and not line.startswith("#") and line not in released:
                         found.setdefault(line, f"{slug} {grade_id} ({kind})")
+            if cell.cell_type == "markdown" and cell.metadata.get("nbgrader", {}).get("solution"):
+                for line in (line.strip() for line in cell.source.splitlines()):  # a written answer, whole
+                    if len(line) >= SHORTEST and line not in released:
+                        found.setdefault(line, f"{slug} {grade_id} (written answer)")
     return found
 
 

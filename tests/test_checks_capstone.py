@@ -20,6 +20,7 @@ from answers import capstone_extension, in_parts
 from autograder import authoring
 from autograder.checks.remote import Remote, loopback
 from autograder.exercises import capstone as cp
+from autograder.exercises.modern_api import loop
 from autograder.student import capstone as student_side
 from autograder.student import probe
 from autograder.student.report import CheckFailed
@@ -156,7 +157,7 @@ def test_passing_checks_say_what_they_checked(capsys):
     assert "in_dims (None, 0)" in capsys.readouterr().out
     cp.check_linear_memory(namespace[LINEAR])
     printed = capsys.readouterr().out
-    assert "never holds the whole logits" in printed and "the whole logits 98304" in printed
+    assert "never holds the whole logits" in printed and "the whole logits 393216" in printed
 
 
 # --- Part A · check 1: values and gradients --------------------------------------------------------
@@ -173,8 +174,8 @@ def test_passing_checks_say_what_they_checked(capsys):
         "        grad = grad - onehot * scale.unsqueeze(-1)")),), "on another device (meta) backward mixes devices"),
     ((("row_weight = valid.to(logits.dtype) if weight is None else weight.take(safe) * valid\n        scale",
        "row_weight = valid.to(logits.dtype)\n        scale"),), "scaled by weight[target]"),
-    ((("return losses.sum() / row_weight.sum()", "return losses.sum() / valid.sum()"),
-      ("scale = scale / row_weight.sum()", "scale = scale / valid.sum()")), "forward has wrong values"),
+    ((("total = row_weight.sum()  # 0 when", "total = valid.sum()  # 0 when"),
+      ("            total = row_weight.sum()\n", "            total = valid.sum()\n")), "forward has wrong values"),
     ((("valid = target != ignore_index\n", "valid = target >= 0\n"),
       ("valid = target != ctx.ignore_index\n", "valid = target >= 0\n")), "ignore_index': 1"),
     ((("scale = grad_output * row_weight  # one number per row", "scale = row_weight"),),
@@ -202,10 +203,54 @@ def test_naive_exponentials_fail_in_every_draw():
 
 
 def test_an_empty_batch_is_checked():
+    """In the cases, and among the contract's edges whatever the cases (a 'mean' of no rows)."""
     namespace = _answer("a Python loop over the rows", answers.MUTANTS)
     message = verdict("values", namespace, cases=[((0, 4), "sum", True, None, "normal")])
     assert message is not None and "non-empty" in message, message
-    assert verdict("values", namespace, cases=[((2, 4), "sum", True, None, "normal")]) is None
+    message = verdict("values", namespace, cases=[((2, 4), "sum", True, None, "normal")])
+    assert message is not None and "logits (0, 4), no rows" in message and "non-empty" in message, message
+
+
+# --- Part A · check 1: the contract's edges --------------------------------------------------------
+
+@pytest.mark.parametrize("label, expected", [
+    ("a mean of nothing left as 0 / 0", ["the 'mean' of logits (3, 4), every row ignored", "expected 0",
+                                         "a batch of padding must add nothing"]),
+    ("picks the target's logit by comparison", ["for logits (4, 5), target[1] = 5 with 5 classes",
+                                                "forward must raise", "a comparison with arange"]),
+    ("clamps the target into the classes", ["target[1] = 5 with 5 classes", "forward must raise"]),
+])
+def test_the_contracts_edges_are_judged(label, expected):
+    message = same_both_ways("values", _answer(label, answers.MUTANTS))
+    assert message is not None and all(e in message for e in expected), message
+
+
+def test_a_mean_clamped_at_one_fails_on_weights_that_sum_below_one():
+    """Right for counts (part B's answers clamp so), wrong for weights: the cases hold small ones."""
+    namespace = _answer("the mean's total weight clamped at 1", answers.MUTANTS)
+    assert verdict("values", namespace, cases=[((4, 5), "mean", True, -100, "normal")]) is None
+    message = verdict("values", namespace, cases=[((4, 5), "mean", "small", -100, "normal")])
+    assert message is not None and "forward has wrong values" in message, message
+
+
+def test_a_backward_in_float32_is_found_though_autograd_casts_its_dtype():
+    message = same_both_ways("values", _answer("backward computes the softmax in float32", answers.MUTANTS))
+    assert message is not None and "wrong gradient for `logits`" in message and "to float32's precision" in message, \
+        message
+
+
+def test_the_reference_decides_a_mean_of_nothing_and_is_f_cross_entropy_elsewhere():
+    logits = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    padding = torch.full((3,), -100)
+    assert torch.isnan(F.cross_entropy(logits, padding))  # what the contract decides otherwise
+    mean = cp.reference(logits, padding)
+    (gradient,) = torch.autograd.grad(mean, logits)
+    assert mean.item() == 0 and not gradient.any()
+    assert cp.reference(torch.empty(0, 4, dtype=torch.float64), torch.empty(0, dtype=torch.long)).item() == 0
+    target = torch.tensor([0, -100, 3])
+    assert torch.equal(cp.reference(logits, target), F.cross_entropy(logits, target))
+    hidden, weight = torch.randn(5, 3, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)
+    assert cp.linear_reference(hidden, weight, torch.full((5,), 2), ignore_index=2).item() == 0
 
 
 def test_a_zero_d_index_is_found_by_the_compile_check():
@@ -295,10 +340,24 @@ def test_a_few_numbers_per_row_are_allowed_and_no_more():
     ("a vmap rule by hand that assumes the batch at dim 0", "not at dim 0 of both inputs"),
     ("a vmap rule by hand that folds the batch", "its 'mean' divides by the weight of its own rows"),
     ("reads the mean's denominator with .item()", "reads a tensor's value"),
+    ("a vmap rule by hand that reads the batch dims", "the class weights are batched too"),
 ])
 def test_vmap_mistakes_are_named(label, expected):
     message = same_both_ways("vmap", _answer(label, answers.MUTANTS))
     assert message is not None and expected in message, message
+
+
+def test_a_batched_weight_gives_each_sample_its_own_class_weights():
+    """The weight rides in the options dict, batched by a dict of in_dims (as vmap reads a dict)."""
+    case = cp._vmap_case(((3, 4), "none", True, -100, [(None, None, 1)], [2]), torch.Generator().manual_seed(0))
+    logits, target, options = case.args
+    assert options["weight"].shape == (4, 2) and case.levels == ((None, None, {"weight": 1, "reduction": None,
+                                                                               "ignore_index": None}),)
+    looped = loop(cp._reference, case.args, case.levels)[0]
+    for b in range(2):
+        want = F.cross_entropy(logits, target, weight=options["weight"][:, b], reduction="none")
+        assert torch.allclose(looped[b], want)
+    assert verdict("vmap", notebook(), cases=[((3, 4), "none", True, -100, [(None, None, 1)], [2])]) is None
 
 
 def test_per_sample_gradients_vmap_the_targets_too():
@@ -337,6 +396,9 @@ def test_compile_mistakes_are_named(label, expected):
     ("the mean of the chunks' means", "linear_values", "forward has wrong values"),
     ("gives ignored rows a gradient", "linear_values", "only rows whose target is ignore_index"),
     ("the gradient for weight of the last chunk only", "linear_values", "wrong gradient for `weight`"),
+    ("the whole batch's mean of nothing", "linear_values", "every row ignored (ignore_index -100)"),
+    ("class chunks that pick the target's logit by comparison", "linear_values", "target[3] = 4 with 4 classes"),
+    ("chunks of chunk_size classes of every row", "linear_memory", "Chunks of classes are chunks too"),
     ("drops the last, shorter chunk", "linear_values", "forward raised RuntimeError"),
     ("sums the loss in float64", "linear_values", "float32"),
 ])
@@ -354,12 +416,23 @@ def test_chunks_kept_anywhere_fail_the_memory_check(label):
 
 
 def test_the_whole_logits_exceed_the_memory_budget_in_every_memory_case():
-    """A budget the whole logits fit in could not fail an answer that makes them."""
+    """A budget the whole logits fit in could not fail an answer that makes them: they are more
+    than twice it; and a visible case has more rows than classes (chunks of chunk_size classes
+    are then larger than the contract's chunks)."""
     for case in [*cp.LINEAR_MEMORY_CASES, *HIDDEN["linear_memory"]["cases"]]:
         rows, features, classes, reduction, ignore, chunk = case
         args = (torch.empty(rows, features), torch.empty(classes, features), None, reduction, ignore, chunk)
-        assert rows * classes * cp.BYTES_PER_NUMBER > cp.linear_work(args), case
+        assert rows * classes * cp.BYTES_PER_NUMBER > 2 * cp.linear_work(args), case
         assert rows * classes * cp.BYTES_PER_NUMBER > 2 * cp.linear_kept(args), case
+    assert any(rows > 8 * classes for rows, _, classes, *_ in cp.LINEAR_MEMORY_CASES)
+
+
+@pytest.mark.parametrize("label", ["names every step of a chunk", "the rows of the gradient for hidden in a list",
+                                   "each row's log-sum-exp saved", "chunks of classes with an online log-sum-exp"])
+def test_the_memory_budget_admits_other_correct_accumulations(label):
+    """The budget is the contract's, not the model's loop: other running sums, a loop that keeps
+    the last chunk's tensors until their names are reused, chunks of classes."""
+    assert verdict("linear_memory", _answer(label, answers.VARIANTS)) is None
 
 
 def test_the_memory_meter_measures_the_peaks():

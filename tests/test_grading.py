@@ -24,9 +24,11 @@ from nbgrader.api import Gradebook
 from answers import for_notebook
 from autograder import authoring
 from engine_course import notebook
-from grading import exercises
+from grading import exercises, written_answers
 
 SLUGS = authoring.assignments()
+WRITTEN = {slug: list(found) for slug in SLUGS  # the markdown answers a person grades, by notebook
+           if (found := written_answers(nbformat.read(authoring.solution_path(slug), as_version=4)))}
 
 
 @pytest.fixture(scope="module", params=SLUGS)
@@ -77,6 +79,23 @@ def test_a_known_answer_scores_as_it_should(slug, wrong, answer, class_batches):
         pytest.skip(f"no CUDA: a device bug that only a GPU run catches ('{answer.label}')")
     else:
         assert score < total, f"'{answer.label}' is wrong, yet kept {score}/{total}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("slug", list(WRITTEN))
+def test_a_written_answer_is_left_to_a_person(slug, class_batches):
+    """A markdown answer a person grades (11's design write-up) is neither autograded to zero nor
+    to full: every submission that wrote one waits for a manual grade, its points counted in the
+    maximum; the released notebook's untouched stub scores 0, as stock nbgrader's."""
+    batch = class_batches(slug)
+    with Gradebook(batch.course.db_url) as gradebook:
+        for grade_id in WRITTEN[slug]:
+            for student in batch.submissions:
+                grade = gradebook.find_grade(grade_id, slug, slug, student)
+                assert grade.max_score > 0 and grade.auto_score is None and grade.needs_manual_grade, \
+                    (student, grade_id, grade.auto_score, grade.needs_manual_grade)
+            untouched = gradebook.find_grade(grade_id, slug, slug, "released")
+            assert (untouched.score, untouched.needs_manual_grade) == (0, False), grade_id
 
 
 @pytest.mark.slow

@@ -52,7 +52,9 @@ def test_released_notebook_keeps_skeletons_and_hides_answers(slug):
     solution = {c.metadata["nbgrader"]["grade_id"]: c for c in _solution(slug).cells if "nbgrader" in c.metadata}
     for cell in released.cells:
         grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
-        if cell.metadata.get("nbgrader", {}).get("solution"):
+        if cell.metadata.get("nbgrader", {}).get("solution") and cell.cell_type == "markdown":  # graded by a person
+            assert cell.source == "YOUR ANSWER HERE", f"{grade_id}: nbgrader's stub, and no word of the model answer"
+        elif cell.metadata.get("nbgrader", {}).get("solution"):
             kept = [line for line in solution[grade_id].source.splitlines() if line.lstrip().startswith(("class ",
                                                                                                          "def "))]
             outside = _outside_markers(solution[grade_id].source)

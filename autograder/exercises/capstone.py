@@ -71,7 +71,8 @@ from .modern_api import (
 NAME = "fused_cross_entropy"
 ARG_NAMES = ("logits", "target", "options")
 REDUCTIONS = ("mean", "sum", "none")
-KINDS = ("normal", "large", "far", "masked")
+KINDS = ("normal", "large", "far", "masked", "padding")
+WEIGHTS = {True: (0.2, 2.0), "small": (0.05, 0.2)}  # class weights drawn in these ranges ("small": they sum below 1)
 FAR = 800.0  # a target scored this much below the others: softmax underflows to 0 (e^-800)
 LARGE = 1000.0  # rows shifted by ±1000: e^1000 overflows, e^-1000 underflows
 
@@ -80,11 +81,22 @@ LARGE = 1000.0  # rows shifted by ±1000: e^1000 overflows, e^-1000 underflows
 
 def reference(logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None,
               reduction: str = "mean", ignore_index: int = -100) -> torch.Tensor:
-    """F.cross_entropy with the classes on the last dim of logits (shape (..., C))."""
+    """F.cross_entropy with the classes on the last dim of logits (shape (..., C)), and the
+    contract's one decision where F.cross_entropy gives nan: a mean over no row that counts
+    (every row ignored, or no rows) is 0, and so is its gradient (F.cross_entropy's already is)."""
     classes = logits.shape[-1]
     out = F.cross_entropy(logits.reshape(-1, classes), target.reshape(-1), weight=weight, reduction=reduction,
                           ignore_index=ignore_index)
+    if reduction == "mean":
+        return mean_of_nothing(out, target, ignore_index)
     return out.reshape(target.shape) if reduction == "none" else out
+
+
+def mean_of_nothing(mean: torch.Tensor, target: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """`mean` (a loss reduced by F.cross_entropy's 'mean'), or 0 where no row counts: every
+    target is ignore_index, or there are none. The class weights are positive (the contract),
+    so the rows that count weigh 0 in all only then."""
+    return torch.where((target != ignore_index).any(), mean, torch.zeros_like(mean))
 
 
 def _reference(logits: torch.Tensor, target: torch.Tensor, options: dict) -> torch.Tensor:
@@ -98,7 +110,8 @@ def _reference(logits: torch.Tensor, target: torch.Tensor, options: dict) -> tor
 def linear_reference(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, reduction: str = "mean",
                      ignore_index: int = -100) -> torch.Tensor:
     """F.cross_entropy of the whole logits hidden @ weight.T: what part B computes in chunks."""
-    return F.cross_entropy(hidden @ weight.T, target, reduction=reduction, ignore_index=ignore_index)
+    out = F.cross_entropy(hidden @ weight.T, target, reduction=reduction, ignore_index=ignore_index)
+    return mean_of_nothing(out, target, ignore_index) if reduction == "mean" else out
 
 
 def _linear_reference(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, options: dict) -> torch.Tensor:
@@ -131,21 +144,27 @@ def _loss_of(student: Any) -> Any:
 
 # --- Inputs -----------------------------------------------------------------------------------
 # A case: (shape of logits (..., C), reduction, weighted, ignore_index or None, kind of logits).
-# ignore_index None: no row is ignored (the default -100 is passed). Otherwise rows are
-# ignored (about a third, never the first, always the last), and ignore_index may be a real
-# class. Kinds: "normal" 2·N(0, 1); "large" the same shifted by +1000 and -1000 on alternate
-# rows; "far" the target of some rows (the first among them) scored 800 below the others;
-# "masked" about a third of each row's other classes at -inf. Whatever the kind, the first
-# row is shifted by +1000 and the second by -1000: large logits are in every draw. Every
-# other case of a check reaches the student's code not contiguous.
+# weighted: False, True (class weights in [0.2, 2]) or "small" (in [0.05, 0.2]: a few rows
+# weigh less than 1 in all). ignore_index None: no row is ignored (the default -100 is
+# passed). Otherwise rows are ignored (about a third, never the first, always the last), and
+# ignore_index may be a real class. Kinds: "normal" 2·N(0, 1); "large" the same shifted by
+# +1000 and -1000 on alternate rows; "far" the target of some rows (the first among them)
+# scored 800 below the others; "masked" about a third of each row's other classes at -inf;
+# "padding" normal logits, and every row ignored (a batch of padding). Whatever the kind, the
+# first row is shifted by +1000 and the second by -1000: large logits are in every draw.
+# Every other case of a check reaches the student's code not contiguous.
 
-Case = tuple[Sequence[int], str, bool, "int | None", str]
+Case = tuple[Sequence[int], str, "bool | str", "int | None", str]
 
 
-def _targets(shape: Sequence[int], classes: int, ignore: int | None, generator: torch.Generator) -> torch.Tensor:
+def _targets(shape: Sequence[int], classes: int, ignore: int | None, generator: torch.Generator,
+             every: bool = False) -> torch.Tensor:
+    """Random targets; with `ignore`, some rows ignored as the cases say (`every`: all of them)."""
     target = torch.randint(classes, tuple(shape), generator=generator)
     if ignore is None:
         return target
+    if every:
+        return torch.full_like(target, ignore)
     flat = target.view(-1)
     if flat.numel() and 0 <= ignore < classes and int(flat[0]) == ignore:  # the first row is never ignored
         flat[0] = (ignore + 1) % classes
@@ -188,26 +207,32 @@ def _logits(shape: Sequence[int], target: torch.Tensor, kind: str, ignore: int |
             hide[every[ignored], ignore] = True
         hide[every, keep] = False
         rows[hide] = -float("inf")
-    elif kind not in KINDS:
+    elif kind not in KINDS:  # ("large" and "padding" shift rows only below)
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
     _shift_rows(rows, every=kind == "large")
     return logits
 
 
-def _options(classes: int, reduction: str, weighted: bool, ignore: int | None,
+def _weights(shape: Sequence[int], weighted: bool | str, generator: torch.Generator) -> torch.Tensor:
+    low, high = WEIGHTS[weighted]
+    return low + (high - low) * torch.rand(tuple(shape), generator=generator, dtype=torch.float64)
+
+
+def _options(classes: int, reduction: str, weighted: bool | str, ignore: int | None,
              generator: torch.Generator) -> dict:
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, not {reduction!r}")
-    weight = 0.2 + 1.8 * torch.rand(classes, generator=generator, dtype=torch.float64) if weighted else None
+    weight = _weights((classes,), weighted, generator) if weighted else None
     return {"weight": weight, "reduction": reduction, "ignore_index": -100 if ignore is None else int(ignore)}
 
 
 def _draw(case: Case, generator: torch.Generator, strided: bool = False) -> tuple[torch.Tensor, torch.Tensor, dict]:
     shape, reduction, weighted, ignore, kind = case
     shape = tuple(shape)
-    if not shape or (ignore is not None and shape[-1] == 1 and ignore == 0):
-        raise ValueError(f"bad case {case!r}: logits need a class dim, and a row that is not ignored")
-    target = _targets(shape[:-1], shape[-1], ignore, generator)
+    if not shape or (ignore is not None and shape[-1] == 1 and ignore == 0) or (kind == "padding" and ignore is None):
+        raise ValueError(f"bad case {case!r}: logits need a class dim, a row that is not ignored unless every row "
+                         "is (padding), and padding an ignore_index")
+    target = _targets(shape[:-1], shape[-1], ignore, generator, every=kind == "padding")
     logits = _logits(shape, target, kind, ignore, generator)
     return logits, target, {**_options(shape[-1], reduction, weighted, ignore, generator), "strided": strided}
 
@@ -235,12 +260,12 @@ def _describe_case(case: Case, i: int = 0) -> str:
     shape, reduction, weighted, ignore, kind = case
     parts = [f"logits {tuple(shape)}", repr(reduction)]
     if weighted:
-        parts.append("weighted")
+        parts.append("weighted" if weighted is True else "small weights (below 0.2)")
     if ignore is not None:
         parts.append(f"ignore_index={ignore}")
     if kind != "normal":
         parts.append({"large": "every row at ±1000", "far": "a target 800 below the rest",
-                      "masked": "-inf logits"}[kind])
+                      "masked": "-inf logits", "padding": "every row ignored"}[kind])
     if _strided(i, _numel(shape)):
         parts.append("not contiguous")
     return ", ".join(parts)
@@ -350,6 +375,79 @@ def _logits_scale(args: tuple) -> float:
     return _magnitude([args[0]])
 
 
+# --- The contract's edges: a mean of nothing, a target that is no class ----------------------------
+# Where F.cross_entropy gives nan, or the contract could be read two ways, it decides, and
+# these judge it (parts A and B alike), on the CPU: an index out of range on CUDA is a
+# device-side assert that ends the process, for F.cross_entropy as for any kernel.
+# - A 'mean' over no row that counts (every row ignored, or no rows) is 0, and so is its
+#   gradient: a batch of padding adds nothing to training, and no nan to the logged loss.
+# - A target that is neither ignore_index nor a class (below 0, or C and above) is an
+#   error: forward raises, as F.cross_entropy does, and never returns a loss.
+
+MEAN_OF_NOTHING = (
+    "the contract makes a 'mean' over no row that counts (every target ignore_index, or no rows at all) 0, and its "
+    "gradient 0, where F.cross_entropy's 0 / 0 gives nan: a batch of padding must add nothing, not nan. Divide by "
+    "the rows' total weight only where it is not 0 (the sum is 0 there too), in forward and in backward."
+)
+NO_CLASS = (
+    "the target's logit is read in a way that cannot fail: a comparison with arange (a one-hot) picks nothing, a "
+    "clamped index another class, and indexing (`x[t]`) and `take` wrap a negative index around to the last class: "
+    "the loss is silently wrong. Read it with an operation that checks its index (`gather`, `index_select`), and "
+    "never check values in Python (`if`, `.item()`): vmap and torch.compile cannot run that."
+)
+
+Edge = tuple[str, tuple]  # (what it is, in words; the arguments as the adapter takes them)
+
+
+def _check_edges(loss: Any, name: str, nothing: Sequence[Edge], no_class: Sequence[Edge]) -> None:
+    """A 'mean' of nothing is 0 with a gradient of 0 (`nothing`); a target that is no class
+    makes forward raise (`no_class`). float64, on the CPU."""
+    __tracebackhide__ = True
+    edges = [*nothing, *no_class]
+    with quiet():
+        found = probe.run_many(loss, [probe.Run(args, [[torch.ones((), dtype=torch.float64)]]) for _, args in edges])
+    for (what, _), run in zip(nothing, found):
+        if run.error is not None:
+            said = run.error.message.strip()
+            fail(f"{name} raised {run.error.type} in {run.error.stage} on {what}: "
+                 f"{said.splitlines()[0] if said else ''}", cause=MEAN_OF_NOTHING)
+        out = run.outputs[0] if run.outputs else None
+        grads = [g for g in (run.grads[0] if run.grads else []) if g is not None]
+        zero = torch.zeros((), dtype=torch.float64)
+        if not isinstance(out, torch.Tensor) or out.shape != () or not torch.equal(out.detach().cpu().double(), zero):
+            fail(f"{name}: the 'mean' of {what} is {show(out)}, expected 0.", cause=MEAN_OF_NOTHING)
+        moved = [g for g in grads if bool(g.any())]
+        if moved:
+            fail(f"{name}: the 'mean' of {what} is 0, but its gradient is not.", f"actual {show(moved[0])}",
+                 cause=MEAN_OF_NOTHING)
+    for (what, _), run in zip(no_class, found[len(nothing):]):
+        if run.error is None or run.error.stage != "forward":
+            got = "raised only in backward" if run.error is not None else f"returned {show(run.outputs[0])}"
+            fail(f"{name} {got} for {what}: a target that is neither ignore_index nor a class is an error, and "
+                 "forward must raise, as F.cross_entropy does (IndexError: Target ... is out of bounds).",
+                 cause=NO_CLASS)
+    passed(f"{name}: a 'mean' of nothing is 0 with a gradient of 0 ({'; '.join(w for w, _ in nothing)}); a target "
+           f"that is no class raises ({'; '.join(w for w, _ in no_class)}).")
+
+
+def _differentiated(args: tuple) -> tuple:
+    return tuple(a.requires_grad_() if probe.differentiable(a) else a for a in args)
+
+
+def _fused_edges(generator: torch.Generator) -> tuple[list[Edge], list[Edge]]:
+    """Part A's edges: every row ignored (weighted) and no rows, with 'mean'; a target of C, and one of -1."""
+    nothing = [("logits (3, 4), every row ignored (ignore_index -100), weighted",
+                _draw(((3, 4), "mean", True, -100, "padding"), generator)),
+               ("logits (0, 4), no rows", _draw(((0, 4), "mean", False, None, "normal"), generator))]
+    no_class = []
+    for what, row, bad, weighted in (("target[1] = 5 with 5 classes", 1, 5, False),
+                                     ("target[2] = -1 with ignore_index -100, weighted", 2, -1, True)):
+        logits, target, options = _draw(((4, 5), "mean", weighted, None, "normal"), generator)
+        target[row] = bad
+        no_class.append((f"logits (4, 5), {what}", (logits, target, options)))
+    return ([(w, _differentiated(a)) for w, a in nothing], [(w, _differentiated(a)) for w, a in no_class])
+
+
 # --- Part A · values and gradients ------------------------------------------------------------
 
 VALUE_CASES: tuple[Case, ...] = (  # every other one not contiguous: the 3-d logits among them
@@ -372,6 +470,7 @@ def check_fused_values(student: Any, *, cases: Sequence[Case] = VALUE_CASES, see
     loss = _loss_of(student)
     check_function(loss, spec, seed=seed)
     _check_float32(loss, NAME, _reference, _cases(cases)(inputs.generator(seed)), ARG_NAMES, _logits_scale)
+    _check_edges(loss, NAME, *_fused_edges(inputs.generator(seed)))
     note(f"cases: {_described(cases)}.")
 
 
@@ -550,8 +649,10 @@ def check_fused_memory(student: Any, *, cases: Sequence[Case] = MEMORY_CASES, se
 
 # --- Part A · vmap: per-sample gradients --------------------------------------------------------
 # A case: (shape of one sample's logits, reduction, weighted, ignore_index or None, in_dims of
-# (logits, target) per vmap level (outermost first), batch size per level). The first row of
-# the first sample is at +1000.
+# (logits, target) or of (logits, target, weight) per vmap level (outermost first), batch size
+# per level). A batched weight holds each sample's class weights (per-sample weights): the
+# contract lets vmap batch any of the three tensors. The first row of the first sample is at
+# +1000; with ignore_index, the last row of the last sample is ignored.
 
 VmapSpec = tuple[Sequence[int], str, bool, "int | None", Sequence[Sequence["int | None"]], Sequence[int]]
 
@@ -560,28 +661,37 @@ VMAP_CASES: tuple[VmapSpec, ...] = (
     ((3, 4), "sum", True, -100, [(1, 1)], [2]),
     ((4, 5), "mean", True, None, [(None, 0)], [3]),
     ((2, 3), "none", False, None, [(0, 0)], [1]),
+    ((3, 4), "mean", True, -100, [(0, 0, 0)], [2]),
+    ((3, 4), "sum", True, None, [(1, 1, 0)], [2]),  # every row counts: a 'mean' of one row hides its weight
 )
+
+
+def _weight_dims(levels: Sequence[Sequence[int | None]]) -> list[int | None]:
+    return [dims[2] if len(dims) > 2 else None for dims in levels]
 
 
 def _vmap_case(spec: VmapSpec, generator: torch.Generator) -> VmapCase:
     shape, reduction, weighted, ignore, levels, sizes = spec
     shape = tuple(shape)
-    levels = [tuple(dims) for dims in levels]
     options = _options(shape[-1], reduction, weighted, ignore, generator)
-    for _ in range(100):  # every sample keeps a row that is not ignored (a 'mean' of nothing is nan)
-        logits = 2 * batched(torch.empty(shape, dtype=torch.float64), [d[0] for d in levels], sizes, generator)
-        logits.view(-1)[: shape[-1]] += LARGE  # large logits in every draw
-        sample_target = torch.empty(shape[:-1], dtype=torch.float64)
-        target = batched(sample_target, [d[1] for d in levels], sizes, generator)
-        target = torch.randint(shape[-1], target.shape, generator=generator)
-        if ignore is not None:
-            drop = torch.rand(target.shape, generator=generator) < 1 / 3
-            drop.view(-1)[-1] = True  # some row is ignored in every draw
-            target[drop] = ignore
-        case = VmapCase((logits, target, options), tuple((d[0], d[1], None) for d in levels))
-        if not any(bool(torch.isnan(o).any()) for o in loop(_reference, case.args, case.levels)):
-            return case
-    raise ValueError(f"could not draw targets for {spec!r}")
+    weight_dims = _weight_dims(levels)
+    if any(d is not None for d in weight_dims):
+        if not weighted:
+            raise ValueError(f"bad case {spec!r}: a batched weight needs weighted")
+        low, high = WEIGHTS[weighted]
+        options["weight"] = low + (high - low) * batched(torch.empty(shape[-1], dtype=torch.float64), weight_dims,
+                                                         sizes, generator).uniform_(generator=generator)
+    logits = 2 * batched(torch.empty(shape, dtype=torch.float64), [d[0] for d in levels], sizes, generator)
+    logits.view(-1)[: shape[-1]] += LARGE  # large logits in every draw
+    target = batched(torch.empty(shape[:-1], dtype=torch.float64), [d[1] for d in levels], sizes, generator)
+    target = torch.randint(shape[-1], target.shape, generator=generator)
+    if ignore is not None:
+        drop = torch.rand(target.shape, generator=generator) < 1 / 3
+        drop.view(-1)[-1] = True  # some row is ignored in every draw
+        target[drop] = ignore
+    return VmapCase((logits, target, options), tuple(
+        (dims[0], dims[1], None if w is None else {"weight": w, "reduction": None, "ignore_index": None})
+        for dims, w in zip(levels, weight_dims)))
 
 
 def _vmap_hint(case: VmapCase, actual: torch.Tensor | None, expected: torch.Tensor | None) -> str | None:
@@ -594,6 +704,9 @@ def _vmap_hint(case: VmapCase, actual: torch.Tensor | None, expected: torch.Tens
     if options["reduction"] == "mean":
         causes.append("each sample is a call of its own: its 'mean' divides by the weight of its own rows, not of "
                       "the whole batch")
+    if any(isinstance(d[2], dict) for d in case.levels):
+        causes.append("the class weights are batched too (each sample has its own): a hand-written vmap rule must "
+                      "move weight's batch dim like the others' and weigh each sample's rows by its own weights")
     if any(d != (0, 0) for d in dims):
         causes.append(f"with in_dims {' then '.join(map(str, dims))} the batch is not at dim 0 of both inputs, or "
                       "one input has none: a hand-written vmap rule must move each batch dim to one place "
@@ -642,7 +755,8 @@ def check_fused_vmap(student: Any, *, cases: Sequence[VmapSpec] = VMAP_CASES, se
             if len(case.levels) == 1:
                 _check_per_sample(loss, case, generator)
     described = "; ".join(
-        f"{spec[1]!r}{', weighted' if spec[2] else ''}, in_dims {' then '.join(str(tuple(d)) for d in spec[4])}, "
+        f"{spec[1]!r}{', weighted' if spec[2] else ''}, in_dims {' then '.join(str(tuple(d)) for d in spec[4])}"
+        f"{' of (logits, target, weight)' if any(len(d) > 2 for d in spec[4]) else ''}, "
         f"batch {' × '.join(map(str, spec[5]))}" for spec in cases)
     passed(f"{NAME} under vmap ({described}; a row at +1000 in each): outputs, per-sample gradients and gradients "
            "through vmap agree with a loop over the batch.")
@@ -777,7 +891,24 @@ def check_linear_values(student: Any, *, cases: Sequence[LinearCase] = LINEAR_VA
     check_function(loss, spec, seed=seed)
     _check_float32(loss, LINEAR_NAME, _linear_reference, _linear_cases(cases)(inputs.generator(seed)),
                    LINEAR_ARG_NAMES, _linear_scale)
+    _check_edges(loss, LINEAR_NAME, *_linear_edges(inputs.generator(seed)))
     note("cases: " + "; ".join(_describe_linear(c, i) for i, c in enumerate(cases)) + ".")
+
+
+def _linear_edges(generator: torch.Generator) -> tuple[list[Edge], list[Edge]]:
+    """Part B's edges (as part A's): every row of two chunks ignored, and no rows, with 'mean';
+    a target of V, and one of -1."""
+    hidden, weight, target, options = _draw_linear((6, 3, 5, "mean", -100, 4), generator)
+    target[:] = -100
+    nothing = [("hidden (6, 3), chunk_size 4, every row ignored (ignore_index -100)",
+                (hidden, weight, target, options)),
+               ("hidden (0, 3), no rows", _draw_linear((0, 3, 5, "mean", None, 2), generator))]
+    no_class = []
+    for what, row, bad in (("target[3] = 4 with 4 classes", 3, 4), ("target[1] = -1 with ignore_index -100", 1, -1)):
+        hidden, weight, target, options = _draw_linear((5, 3, 4, "mean", None, 2), generator)
+        target[row] = bad
+        no_class.append((f"hidden (5, 3), chunk_size 2, {what}", (hidden, weight, target, options)))
+    return ([(w, _differentiated(a)) for w, a in nothing], [(w, _differentiated(a)) for w, a in no_class])
 
 
 def _linear_scale(args: tuple) -> float:
@@ -786,15 +917,24 @@ def _linear_scale(args: tuple) -> float:
 
 
 # --- Part B · memory ------------------------------------------------------------------------------
-# Numbers count 8 bytes. Kept until backward (saved, or alive after forward): the inputs
-# (free), the output, one buffer the size of each differentiable input (gradients computed
-# in forward), and 4 numbers per row plus 4. At any moment of forward or of backward: the
-# work of CHUNK_WORK chunks of logits (chunk_size × V numbers each), three buffers the size
-# of each differentiable input (a gradient, its next value and a chunk's share, when it is
-# summed out of place), and 4 numbers per row plus 4. The memory cases make the whole
-# logits (N × V numbers) larger than that.
+# Numbers count 8 bytes. `chunk_size` bounds the logits that exist at once: a chunk is at
+# most chunk_size × V logits, whatever its shape (chunk_size rows of every class, every row
+# of chunk_size·V/N classes, any tile of as many). Kept until backward (saved, or alive
+# after forward): the inputs (free), the output, one buffer the size of each differentiable
+# input (gradients computed in forward), and 4 numbers per row plus 4. At any moment of
+# forward or of backward, a budget that grows with the chunk and not with the batch:
+# CHUNK_WORK chunks of logits, three buffers the size of each differentiable input (a
+# gradient, its next value and a chunk's share, summed out of place), and ROW_WORK numbers
+# per row plus 4. Any running accumulation fits (in place or not, a list of rows then one
+# cat, autograd per chunk), and so does a loop that names every step and keeps the last
+# chunk's until its names are reused (measured with PeakMemory: the most of these, 13 chunks
+# at chunk_size 1; the model's 7); a loop that holds every chunk does not. The memory cases
+# make the whole logits (N × V numbers) more than twice the budget, and one has more rows
+# than classes, where chunks of chunk_size classes (the whole batch's rows) are larger than
+# the chunks the contract allows.
 
-CHUNK_WORK = 4
+CHUNK_WORK = 16
+ROW_WORK = 16
 
 
 def _sizes(args: tuple) -> tuple[int, int, int, int]:
@@ -813,7 +953,7 @@ def linear_work(args: tuple) -> int:
     """Bytes of new tensors part B may hold at once, in forward or in backward."""
     rows, features, classes, chunk = _sizes(args)
     return (CHUNK_WORK * min(chunk, max(rows, 1)) * classes + 3 * (rows + classes) * features
-            + PER_ROW * rows + SCALARS) * BYTES_PER_NUMBER
+            + ROW_WORK * rows + SCALARS) * BYTES_PER_NUMBER
 
 
 def _linear_unneeded(s: Saved, r: Recording, needs: tuple) -> str | None:
@@ -842,8 +982,8 @@ LINEAR_BUDGET = Budget(
 )
 
 LINEAR_MEMORY_CASES: tuple[LinearCase, ...] = (
-    (96, 4, 128, "mean", -100, 4),
-    (64, 3, 160, "none", None, 8),
+    (384, 4, 128, "mean", -100, 4),
+    (2048, 1, 64, "none", None, 8),
 )
 
 
@@ -876,7 +1016,7 @@ def check_linear_memory(student: Any, *, cases: Sequence[LinearCase] = LINEAR_ME
                     fail(f"{LINEAR_NAME}: {stage} holds {found[f'{stage}_peak']} bytes of new tensors at once, more "
                          f"than its budget of {work}.", *shown,
                          f"budget: {CHUNK_WORK} chunks of logits ({CHUNK_WORK} × {chunk} × {classes} numbers), three "
-                         f"buffers the size of hidden and of weight, 4 numbers per row and 4 (8 bytes each)",
+                         f"buffers the size of hidden and of weight, {ROW_WORK} numbers per row and 4 (8 bytes each)",
                          cause=_PEAK_CAUSE[stage])
         lines.append(f"{_describe_linear(case)}: peaks {found['forward_peak']} and {found['backward_peak']} bytes "
                      f"(budget {work}; the whole logits {logits}), {found['kept']} kept after forward")
@@ -885,16 +1025,19 @@ def check_linear_memory(student: Any, *, cases: Sequence[LinearCase] = LINEAR_ME
         note(devices.NO_CUDA)
 
 
+_WIDE = (" Chunks of classes are chunks too: one holds at most chunk_size × V logits, so chunk_size · V / N classes of "
+         "every row, not chunk_size classes.")
 _PEAK_CAUSE = {
     "forward": "forward makes the whole logits (hidden @ weight.T), or keeps every chunk's logits alive: a chunk's "
                "logits must be gone before the next chunk's are made. Reduce each chunk to a few numbers per row "
-               "(its losses, its log-sum-exp) and let the chunk go.",
+               "(its losses, its log-sum-exp) and let the chunk go." + _WIDE,
     "backward": "backward makes the whole logits or softmax at once, or keeps every chunk's: recompute one chunk of "
-                "logits at a time, turn it into that chunk's part of both gradients, and let it go before the next.",
+                "logits at a time, turn it into that chunk's part of both gradients, and let it go before the next."
+                + _WIDE,
 }
 
 
 # --- Exercise 11.2: true or false? ----------------------------------------------------------------
 
 CLAIM_CHOICES = ("true", "false")
-CLAIM_QUESTIONS = "abcdefgh"
+CLAIM_QUESTIONS = "abcdef"

@@ -19,6 +19,7 @@ Every draw of the exercises' inputs holds their special points (0, the kinks, ±
 """
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
@@ -279,13 +280,22 @@ def vmap_case(samples: Sequence[Any], levels: Sequence[Sequence[int | None]], si
 
 def _batch_size(args: Sequence[Any], dims: Sequence[Any]) -> int:
     for a, d in zip(args, dims):
-        if d is not None:
+        if isinstance(d, dict):  # a dict argument, its in_dims a dict of the same keys (as vmap reads them)
+            with contextlib.suppress(ValueError):
+                return _batch_size([a[k] for k in d], list(d.values()))
+        elif d is not None:
             return a.shape[d]
     raise ValueError("no batched argument")
 
 
+def _select(a: Any, d: Any, b: int) -> Any:
+    if isinstance(d, dict):
+        return {k: _select(v, d.get(k), b) for k, v in a.items()}
+    return a.select(d, b) if d is not None else a
+
+
 def _sample(args: Sequence[Any], dims: Sequence[Any], b: int) -> list:
-    return [a.select(d, b) if d is not None else a for a, d in zip(args, dims)]
+    return [_select(a, d, b) for a, d in zip(args, dims)]
 
 
 def loop(reference: Reference, args: Sequence[Any], levels: Sequence[Sequence[Any]]) -> list[torch.Tensor]:

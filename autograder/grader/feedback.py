@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from nbconvert import HTMLExporter
 from nbformat import NotebookNode
 from nbgrader import utils
 from nbgrader.converters import GenerateFeedback, NbGraderException
@@ -53,6 +54,11 @@ class Readable(NbGraderPreprocessor):  # type: ignore[misc]  # (nbgrader is unty
             elif HAND_IN_TAG in cell.metadata.get("tags", []) or "autograder.student.summary import" in cell.source:
                 cell.outputs = []
         return nb, resources
+
+
+class FeedbackExporter(HTMLExporter):
+    """nbgrader's feedback exporter under a name of its own, so that nbgrader_config.py can give
+    it the course's template and leave formgrader's HTMLExporter its own."""
 
 
 def _title(heading: str) -> str:

@@ -25,7 +25,7 @@ class SoftmaxCrossEntropy(torch.autograd.Function):
             return losses
         if reduction == "sum":
             return losses.sum()
-        return losses.sum() / row_weight.sum()
+        return losses.sum() / row_weight.sum().clamp_min(torch.finfo(row_weight.dtype).tiny)
 '''
 
 # The log-probabilities as a second output: saved as an output, so double backward is right;
@@ -45,7 +45,7 @@ class SoftmaxCrossEntropy(torch.autograd.Function):
         if reduction == "sum":
             losses = losses.sum()
         elif reduction == "mean":
-            losses = losses.sum() / row_weight.sum()
+            losses = losses.sum() / row_weight.sum().clamp_min(torch.finfo(row_weight.dtype).tiny)
         return losses, logp
 
     @staticmethod
@@ -62,7 +62,7 @@ class SoftmaxCrossEntropy(torch.autograd.Function):
         row_weight = valid.to(logp.dtype) if weight is None else weight.take(safe) * valid
         scale = grad_output * row_weight
         if ctx.reduction == "mean":
-            scale = scale / row_weight.sum()
+            scale = scale / row_weight.sum().clamp_min(torch.finfo(row_weight.dtype).tiny)
         p = torch.exp(logp)
         grad = p * scale.unsqueeze(-1)
         grad = grad.scatter_add(-1, safe.unsqueeze(-1), -scale.unsqueeze(-1))
@@ -90,7 +90,7 @@ class SoftmaxCrossEntropy(torch.autograd.Function):
             return losses
         if reduction == "sum":
             return losses.sum()
-        return losses.sum() / row_weight.sum()
+        return losses.sum() / row_weight.sum().clamp_min(torch.finfo(row_weight.dtype).tiny)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -100,7 +100,7 @@ class SoftmaxCrossEntropy(torch.autograd.Function):
         row_weight = valid.to(logits.dtype) if weight is None else weight.take(safe) * valid
         scale = grad_output * row_weight
         if ctx.reduction == "mean":
-            scale = scale / row_weight.sum()
+            scale = scale / row_weight.sum().clamp_min(torch.finfo(row_weight.dtype).tiny)
         grad = torch.softmax(logits, -1) * scale.unsqueeze(-1)
         grad = grad.scatter_add(-1, safe.unsqueeze(-1), -scale.unsqueeze(-1))
         return grad, None, None, None, None
@@ -121,15 +121,41 @@ _BACKWARD_TAIL = '''
         row_weight = valid.to(logits.dtype) if weight is None else weight.take(safe) * valid
         scale = grad_output * row_weight
         if ctx.reduction == "mean":
-            scale = scale / row_weight.sum()
+            scale = scale / row_weight.sum().clamp_min(torch.finfo(row_weight.dtype).tiny)
         grad = torch.softmax(logits, -1) * scale.unsqueeze(-1)
         grad = grad.scatter_add(-1, safe.unsqueeze(-1), -scale.unsqueeze(-1))
         return grad, None, None, None, None
 '''
 
 # A vmap rule by hand: the batch of each input to dim 0 (expanded where there is none), the
-# per-row losses of the whole batch from one call, reduced per sample.
+# per-row losses of the whole batch from one call, reduced per sample; per-sample class
+# weights (a batched weight) weigh each sample's rows outside the Function.
 _VMAP_RULE = '''
+    @staticmethod
+    def vmap(info, in_dims, logits, target, weight, reduction, ignore_index):
+        logits_dim, target_dim, weight_dim = in_dims[:3]
+        logits = logits.movedim(logits_dim, 0) if logits_dim is not None else logits.expand(info.batch_size, *logits.shape)
+        target = target.movedim(target_dim, 0) if target_dim is not None else target.expand(info.batch_size, *target.shape)
+        valid = target != ignore_index
+        safe = torch.where(valid, target, 0)
+        if weight_dim is None:
+            losses = SoftmaxCrossEntropy.apply(logits, target, weight, "none", ignore_index)
+            row_weight = valid.to(logits.dtype) if weight is None else weight.take(safe) * valid
+        else:
+            own = weight.movedim(weight_dim, 0).gather(1, safe.reshape(info.batch_size, -1))
+            row_weight = own.reshape(target.shape) * valid
+            losses = SoftmaxCrossEntropy.apply(logits, target, None, "none", ignore_index) * row_weight
+        if reduction == "none":
+            return losses, 0
+        per_sample = losses.reshape(info.batch_size, -1).sum(1)
+        if reduction == "sum":
+            return per_sample, 0
+        return per_sample / row_weight.reshape(info.batch_size, -1).sum(1).clamp_min(torch.finfo(row_weight.dtype).tiny), 0
+'''  # noqa: E501  (a student's code as written)
+
+# The same rule, reading only the batch dims of logits and target: a batched weight is taken
+# for one sample's (weight.take reads the first sample's weights for every sample).
+_VMAP_RULE_NO_WEIGHT_DIM = '''
     @staticmethod
     def vmap(info, in_dims, logits, target, weight, reduction, ignore_index):
         logits_dim, target_dim = in_dims[0], in_dims[1]
@@ -144,7 +170,7 @@ _VMAP_RULE = '''
         valid = target != ignore_index
         safe = torch.where(valid, target, 0)
         row_weight = valid.to(logits.dtype) if weight is None else weight.take(safe) * valid
-        return per_sample / row_weight.reshape(info.batch_size, -1).sum(1), 0
+        return per_sample / row_weight.reshape(info.batch_size, -1).sum(1).clamp_min(torch.finfo(row_weight.dtype).tiny), 0
 '''  # noqa: E501  (a student's code as written)
 
 _VMAP_AT_ZERO = '''
@@ -159,8 +185,8 @@ _VMAP_AT_ZERO = '''
         valid = target != ignore_index
         safe = torch.where(valid, target, 0)
         row_weight = valid.to(logits.dtype) if weight is None else weight.take(safe) * valid
-        return per_sample / row_weight.reshape(info.batch_size, -1).sum(1), 0
-'''
+        return per_sample / row_weight.reshape(info.batch_size, -1).sum(1).clamp_min(torch.finfo(row_weight.dtype).tiny), 0
+'''  # noqa: E501  (a student's code as written)
 
 _VMAP_FOLDED = '''
     @staticmethod
@@ -221,7 +247,7 @@ class SoftmaxCrossEntropy(torch.autograd.Function):
         if reduction == "sum":
             losses = losses.sum()
         elif reduction == "mean":
-            losses = losses.sum() / row_weight.sum()
+            losses = losses.sum() / row_weight.sum().clamp_min(torch.finfo(row_weight.dtype).tiny)
         return losses, lse
 
     @staticmethod
@@ -239,7 +265,7 @@ class SoftmaxCrossEntropy(torch.autograd.Function):
         row_weight = valid.to(logits.dtype) if weight is None else weight.take(safe) * valid
         scale = grad_output * row_weight
         if ctx.reduction == "mean":
-            scale = scale / row_weight.sum()
+            scale = scale / row_weight.sum().clamp_min(torch.finfo(row_weight.dtype).tiny)
         return SoftmaxCrossEntropyGrad.apply(logits, lse, safe, scale), None, None, None, None
 
 
@@ -265,7 +291,7 @@ class SoftmaxCrossEntropy(torch.autograd.Function):
         if reduction == "sum":
             losses = losses.sum()
         elif reduction == "mean":
-            losses = losses.sum() / row_weight.sum()
+            losses = losses.sum() / row_weight.sum().clamp_min(torch.finfo(row_weight.dtype).tiny)
         return losses, lse
 
     @staticmethod
@@ -282,7 +308,7 @@ class SoftmaxCrossEntropy(torch.autograd.Function):
         row_weight = valid.to(logits.dtype) if weight is None else weight.take(safe) * valid
         scale = grad_output * row_weight
         if ctx.reduction == "mean":
-            scale = scale / row_weight.sum()
+            scale = scale / row_weight.sum().clamp_min(torch.finfo(row_weight.dtype).tiny)
         p = torch.exp(logits - lse.unsqueeze(-1))
         grad = p * (scale + grad_lse).unsqueeze(-1)
         grad = grad.scatter_add(-1, safe.unsqueeze(-1), -scale.unsqueeze(-1))
@@ -354,20 +380,32 @@ MUTANTS = [
     wrong(EX, "ignores the reduction (always the mean)",
           ('        if reduction == "none":\n            return losses\n        if reduction == "sum":\n'
            '            return losses.sum()\n', ""),
-          ('        if ctx.reduction == "mean":\n            scale = scale / row_weight.sum()\n',
-           "        scale = scale / row_weight.sum()\n")),
+          ('        if ctx.reduction == "mean":\n            total = row_weight.sum()\n',
+           "        if True:\n            total = row_weight.sum()\n")),
     wrong(EX, "a weighted mean divided by the number of rows (not by their weights)",
-          ("return losses.sum() / row_weight.sum()", "return losses.sum() / valid.sum()"),
-          ("scale = scale / row_weight.sum()", "scale = scale / valid.sum()")),
+          ("total = row_weight.sum()  # 0 when", "total = valid.sum()  # 0 when"),
+          ("            total = row_weight.sum()\n", "            total = valid.sum()\n")),
     wrong(EX, "a mean over every row, ignored ones included",
-          ("return losses.sum() / row_weight.sum()",
-           "return losses.sum() / (row_weight.sum() + (~valid).sum())"),
-          ("scale = scale / row_weight.sum()", "scale = scale / (row_weight.sum() + (~valid).sum())")),
+          ("total = row_weight.sum()  # 0 when", "total = row_weight.sum() + (~valid).sum()  # 0 when"),
+          ("            total = row_weight.sum()\n", "            total = row_weight.sum() + (~valid).sum()\n")),
+    wrong(EX, "a mean of nothing left as 0 / 0 (nan, where the contract says 0)",
+          ("return losses.sum() / torch.where(total > 0, total, 1)", "return losses.sum() / total"),
+          ("scale = scale / torch.where(total > 0, total, 1)", "scale = scale / total")),
+    wrong(EX, "the mean's total weight clamped at 1 (right for counts, wrong for weights that sum below 1)",
+          ("return losses.sum() / torch.where(total > 0, total, 1)", "return losses.sum() / total.clamp_min(1)"),
+          ("scale = scale / torch.where(total > 0, total, 1)", "scale = scale / total.clamp_min(1)")),
     wrong(EX, "ignores the class weights in backward",
           ("row_weight = valid.to(logits.dtype) if weight is None else weight.take(safe) * valid\n        scale",
            "row_weight = valid.to(logits.dtype)\n        scale"),
-          ("scale = scale / row_weight.sum()",
-           "scale = scale / (valid.to(logits.dtype) if weight is None else weight.take(safe) * valid).sum()")),
+          ("            total = row_weight.sum()\n",
+           "            total = (valid.to(logits.dtype) if weight is None else weight.take(safe) * valid).sum()\n")),
+    wrong(EX, "picks the target's logit by comparison with arange (a target that is no class gives a loss, silently)",
+          ("picked = logits.gather(-1, safe.unsqueeze(-1)).squeeze(-1)  # raises for a target that is no class",
+           "classes = torch.arange(logits.shape[-1], device=logits.device)\n"
+           "        picked = torch.where(classes == safe.unsqueeze(-1), logits, 0).sum(-1)")),
+    wrong(EX, "clamps the target into the classes (a target that is no class is read as another)",
+          ("safe = torch.where(valid, target, 0)  # an index",
+           "safe = torch.where(valid, target, 0).clamp(0, logits.shape[-1] - 1)  # an index")),
     wrong(EX, "gathers with the raw target (ignore_index -100 is no index)",
           ("picked = logits.gather(-1, safe.unsqueeze(-1)).squeeze(-1)",
            "picked = logits.gather(-1, target.unsqueeze(-1)).squeeze(-1)")),
@@ -380,6 +418,9 @@ MUTANTS = [
     wrong(EX, "squeezes the per-row losses ('none' with a batch of one loses its dim)",
           ('        if reduction == "none":\n            return losses\n',
            '        if reduction == "none":\n            return losses.squeeze()\n')),
+    wrong(EX, "backward computes the softmax in float32 (a float64 gradient to float32's 7 digits)",
+          ("grad = torch.softmax(logits, -1) * scale.unsqueeze(-1)",
+           "grad = torch.softmax(logits.float(), -1).to(logits.dtype) * scale.unsqueeze(-1)")),
     wrong(EX, "computes the log-sum-exp in float64 (float32 logits give a float64 loss)",
           ("lse = torch.logsumexp(logits, -1)", "lse = torch.logsumexp(logits.double(), -1)")),
     wrong(EX, "a one-hot matrix made on the CPU in backward (not device-generic)",
@@ -402,10 +443,13 @@ MUTANTS = [
            "        grad = grad - onehot * scale.unsqueeze(-1)")),
     wrong(EX, "a classic Function (forward(ctx, ...)): torch.func refuses it", source=_CLASSIC),
     wrong(EX, "a vmap rule by hand that assumes the batch at dim 0 of both inputs", source=_with_vmap(_VMAP_AT_ZERO)),
+    wrong(EX, "a vmap rule by hand that reads the batch dims of logits and target only (per-sample weights lost)",
+          source=_with_vmap(_VMAP_RULE_NO_WEIGHT_DIM)),
     wrong(EX, "a vmap rule by hand that folds the batch into the rows (one mean for the whole batch)",
           source=_with_vmap(_VMAP_FOLDED)),
     wrong(EX, "reads the mean's denominator with .item() (no single graph; vmap cannot either)",
-          ("return losses.sum() / row_weight.sum()", "return losses.sum() / row_weight.sum().item()")),
+          ("return losses.sum() / torch.where(total > 0, total, 1)",
+           "return losses.sum() / max(total.item(), 1e-300)")),
     wrong(EX, "defines jvp (forward mode): torch.compile cannot trace it into one graph",
           ("        return grad, None, None, None, None\n",
            "        return grad, None, None, None, None\n\n"
@@ -413,14 +457,14 @@ MUTANTS = [
            "    def jvp(ctx, logits_t, target_t, weight_t, reduction_t, ignore_index_t):\n"
            "        raise NotImplementedError(\"forward mode is not needed here\")\n")),
     # 11.2 true or false
-    wrong("claims", "thinks F.cross_entropy keeps no N × C matrix", ('"a": "true"', '"a": "false"')),
-    wrong("claims", "thinks log(softmax) is as stable as log_softmax", ('"b": "false"', '"b": "true"')),
-    wrong("claims", "thinks a saved log-sum-exp is differentiable again", ('"c": "true"', '"c": "false"')),
-    wrong("claims", "thinks saving the logits the caller holds copies them", ('"d": "true"', '"d": "false"')),
-    wrong("claims", "thinks F.one_hot works under vmap", ('"e": "false"', '"e": "true"')),
-    wrong("claims", "thinks keeping the logits always saves memory", ('"f": "false"', '"f": "true"')),
-    wrong("claims", "thinks a custom op rules out per-sample gradients", ('"g": "false"', '"g": "true"')),
-    wrong("claims", "thinks torch.compile cannot trace NumPy", ('"h": "false"', '"h": "true"')),
+    wrong("claims", "thinks a reduction shrinks what the log-probabilities keep", ('"a": "false"', '"a": "true"')),
+    wrong("claims", "thinks e^700 overflows float64", ('"b": "true"', '"b": "false"')),
+    wrong("claims", "thinks any row statistic saved in forward breaks double backward",
+          ('"c": "true"', '"c": "false"')),
+    wrong("claims", "thinks F.one_hot fails in per-sample gradients even on shared targets",
+          ('"d": "false"', '"d": "true"')),
+    wrong("claims", "thinks a function under vmap sees the batch dim", ('"e": "false"', '"e": "true"')),
+    wrong("claims", "misjudges the bytes of N × C float32 numbers", ('"f": "true"', '"f": "false"')),
 ]
 
 VARIANTS = [
@@ -431,17 +475,25 @@ VARIANTS = [
     right(EX, "a vmap rule by hand (per-row losses of the whole batch, reduced per sample)",
           source=_with_vmap(_VMAP_RULE)),
     right(EX, "one-hot by comparison with arange; the mean through normalised row weights",
-          ("return losses.sum() / row_weight.sum()", "return (losses / row_weight.sum()).sum()"),
+          ("return losses.sum() / torch.where(total > 0, total, 1)",
+           "return (losses / torch.where(total > 0, total, 1)).sum()"),
           ("grad = grad.scatter_add(-1, safe.unsqueeze(-1), -scale.unsqueeze(-1))  # minus the one-hot",
            "classes = torch.arange(logits.shape[-1], device=logits.device)\n"
            "        grad = grad - (classes == safe.unsqueeze(-1)).to(logits.dtype) * scale.unsqueeze(-1)")),
+    right(EX, "saves each row's max (a constant to autograd): softmax from exp(logits - max) does not depend on it",
+          ("ctx.save_for_backward(logits, target, weight)  # inputs only: nothing new is kept",
+           "ctx.save_for_backward(logits, target, weight, logits.detach().amax(-1, keepdim=True))"),
+          ("logits, target, weight = ctx.saved_tensors", "logits, target, weight, top = ctx.saved_tensors"),
+          ("grad = torch.softmax(logits, -1) * scale.unsqueeze(-1)",
+           "top = torch.where(torch.isfinite(top), top, 0)\n"
+           "        shifted = torch.exp(logits - top)\n"
+           "        grad = shifted / shifted.sum(-1, keepdim=True) * scale.unsqueeze(-1)")),
     right(EX, "the row max and log-sum-exp by hand, max(-inf) guarded",
           ("lse = torch.logsumexp(logits, -1)  # the row max is taken out first: no overflow",
            "top = logits.amax(-1, keepdim=True).detach()\n"
            "        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))\n"
            "        lse = (logits - top).exp().sum(-1).log() + top.squeeze(-1)")),
     right("claims", "capitals and spaces", source='''
-claims = {"a": "TRUE", "b": " false", "c": "True", "d": "true ", "e": "False", "f": "FALSE", "g": "false ",
-          "h": "False"}
+claims = {"a": "FALSE", "b": " true", "c": "True", "d": "false ", "e": "False", "f": "TRUE"}
 '''),
 ]

@@ -14,7 +14,7 @@ _LINEAR_REDUCE = '''
             return losses
         if reduction == "sum":
             return losses.sum()
-        return losses.sum() / valid.sum()
+        return losses.sum() / valid.sum().clamp_min(1)
 '''
 
 # A classic Function that keeps every chunk's logits for backward, in one tensor or in a list
@@ -43,7 +43,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         safe = torch.where(valid, target, 0)
         scale = grad_output * valid
         if ctx.reduction == "mean":
-            scale = scale / valid.sum()
+            scale = scale / valid.sum().clamp_min(1)
         grad_hidden, grad_weight = torch.zeros_like(hidden), torch.zeros_like(weight)
         for rows, logits in zip(torch.arange(hidden.shape[0], device=hidden.device).split(ctx.chunk_size), chunks):
             s = scale[rows].unsqueeze(-1)
@@ -76,7 +76,7 @@ _CONCATENATED = '''
         return losses
     if reduction == "sum":
         return losses.sum()
-    return losses.sum() / (target != ignore_index).sum()
+    return losses.sum() / (target != ignore_index).sum().clamp_min(1)
 '''
 
 _LOOP_OF_LOSSES = '''
@@ -112,14 +112,12 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         safe = torch.where(valid, target, 0)
         top = hidden.new_full((hidden.shape[0],), -float("inf"))
         total = hidden.new_zeros(hidden.shape[0])
-        picked = hidden.new_zeros(hidden.shape[0])
+        picked = (hidden * weight.index_select(0, safe)).sum(-1)  # the target's logit from its row of weight
         for cols in ChunkedLinearCrossEntropy.tiles(hidden.shape[0], weight.shape[0], chunk_size, hidden.device):
             logits = hidden @ weight[cols].T
             new_top = torch.maximum(top, logits.amax(-1))
             total = total * torch.exp(top - new_top) + torch.exp(logits - new_top.unsqueeze(-1)).sum(-1)
             top = new_top
-            inside = (safe.unsqueeze(-1) == cols).to(hidden.dtype)
-            picked = picked + (logits * inside).sum(-1)
         losses = torch.where(valid, top + torch.log(total) - picked, 0)
 ''' + _LINEAR_REDUCE + '''
     @staticmethod
@@ -135,7 +133,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         safe = torch.where(valid, target, 0)
         scale = grad_output * valid
         if ctx.reduction == "mean":
-            scale = scale / valid.sum()
+            scale = scale / valid.sum().clamp_min(1)
         tiles = ChunkedLinearCrossEntropy.tiles(hidden.shape[0], weight.shape[0], ctx.chunk_size, hidden.device)
         lse = hidden.new_full((hidden.shape[0],), -float("inf"))
         for cols in tiles:
@@ -179,9 +177,9 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             return losses
         row_scale = valid.to(hidden.dtype)
         if reduction == "mean":
-            row_scale = row_scale / valid.sum()
+            row_scale = row_scale / valid.sum().clamp_min(1)
         ctx.save_for_backward(*_chunk_grads(hidden, weight, safe, row_scale, chunk_size))
-        return (losses.sum() if reduction == "sum" else losses.sum() / valid.sum())
+        return (losses.sum() if reduction == "sum" else losses.sum() / valid.sum().clamp_min(1))
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -219,7 +217,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         hidden, weight, target = ctx.saved_tensors
         scale = grad_output.expand(target.shape) if ctx.reduction != "none" else grad_output
         if ctx.reduction == "mean":
-            scale = scale / (target != ctx.ignore_index).sum()
+            scale = scale / (target != ctx.ignore_index).sum().clamp_min(1)
         grad_hidden, grad_weight = [], torch.zeros_like(weight)
         for h, t, s in zip(hidden.split(ctx.chunk_size), target.split(ctx.chunk_size), scale.split(ctx.chunk_size)):
             with torch.enable_grad():
@@ -256,7 +254,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         hidden, weight, safe, valid, lse = ctx.saved_tensors
         scale = grad_output * valid
         if ctx.reduction == "mean":
-            scale = scale / valid.sum()
+            scale = scale / valid.sum().clamp_min(1)
         grad_hidden, grad_weight = torch.empty_like(hidden), torch.zeros_like(weight)
         for rows in torch.arange(hidden.shape[0], device=hidden.device).split(ctx.chunk_size):
             s = scale[rows].unsqueeze(-1)
@@ -267,6 +265,21 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         return grad_hidden, grad_weight, None, None, None, None
 ''' + _LINEAR_WRAPPER
 
+
+
+# The same tiles, the target's logit picked by comparison with each tile's classes: a target
+# that is no class lies in no tile, and picks nothing.
+_CLASS_CHUNKS_COMPARED = _CLASS_CHUNKS.replace(
+    """        picked = (hidden * weight.index_select(0, safe)).sum(-1)  # the target's logit from its row of weight
+""", """        picked = hidden.new_zeros(hidden.shape[0])
+""").replace(
+    """            top = new_top
+""", """            top = new_top
+            picked = picked + (logits * (safe.unsqueeze(-1) == cols).to(hidden.dtype)).sum(-1)
+""", 1)
+# Chunks of chunk_size classes, every row: N × chunk_size logits at once, more than the
+# chunk_size × V the contract allows when there are more rows than classes.
+_CLASS_WIDE = _CLASS_CHUNKS.replace("width = max(1, chunk_size * classes // max(n, 1))", "width = chunk_size")
 
 MUTANTS = [
     # Memory
@@ -282,24 +295,32 @@ MUTANTS = [
     wrong(LINEAR, "saves every chunk's logits for backward", source=_SAVES_CHUNKS),
     wrong(LINEAR, "keeps every chunk's logits in a list on ctx", source=_STASHES_CHUNKS),
     wrong(LINEAR, "keeps every chunk's logits in a module-level list", source=_GLOBAL_CHUNKS),
+    wrong(LINEAR, "chunks of chunk_size classes of every row (N × chunk_size logits, past chunk_size × V when N > V)",
+          source=_CLASS_WIDE),
     # Reductions, ignored rows, edges
     wrong(LINEAR, "the mean of the chunks' means",
-          ("        return losses.sum() / valid.sum()\n",
+          ("        counted = valid.sum()  # over the whole batch; 0 when no row counts: the mean is then 0\n"
+           "        return losses.sum() / torch.where(counted > 0, counted, 1)\n",
            "        means = [losses[rows].sum() / valid[rows].sum()\n"
            "                 for rows in torch.arange(hidden.shape[0], device=hidden.device).split(chunk_size)]\n"
            "        return torch.stack(means).mean()\n"),
-          ("            scale = scale / valid.sum()\n",
+          ("            counted = valid.sum()\n            scale = scale / torch.where(counted > 0, counted, 1)\n",
            "            chunks = torch.arange(hidden.shape[0], device=hidden.device).split(ctx.chunk_size)\n"
            "            scale = torch.cat([scale[rows] / valid[rows].sum() / len(chunks) for rows in chunks])\n")),
     wrong(LINEAR, "a mean over every row, ignored ones included",
-          ("return losses.sum() / valid.sum()", "return losses.mean()"),
-          ("scale = scale / valid.sum()", "scale = scale / valid.numel()")),
+          ("return losses.sum() / torch.where(counted > 0, counted, 1)", "return losses.mean()"),
+          ("scale = scale / torch.where(counted > 0, counted, 1)", "scale = scale / valid.numel()")),
+    wrong(LINEAR, "the whole batch's mean of nothing left as 0 / 0 (nan, where the contract says 0)",
+          ("return losses.sum() / torch.where(counted > 0, counted, 1)", "return losses.sum() / counted"),
+          ("scale = scale / torch.where(counted > 0, counted, 1)", "scale = scale / counted")),
     wrong(LINEAR, "gives ignored rows a gradient (no mask in backward)",
           ("scale = grad_output * valid  # one number per row, 0 where ignored",
            "scale = grad_output * torch.ones_like(valid, dtype=hidden.dtype)")),
     wrong(LINEAR, "ignores rows whose target is -100, whatever ignore_index is",
           ("valid = target != ignore_index\n", "valid = target != -100\n"),
           ("valid = target != ctx.ignore_index\n", "valid = target != -100\n")),
+    wrong(LINEAR, "class chunks that pick the target's logit by comparison (a target that is no class gives a loss)",
+          source=_CLASS_CHUNKS_COMPARED),
     wrong(LINEAR, "gathers with the raw target (-100 is no index)",
           ("picked = logits.gather(-1, safe[rows].unsqueeze(-1)).squeeze(-1)",
            "picked = logits.gather(-1, target[rows].unsqueeze(-1)).squeeze(-1)")),
@@ -315,8 +336,8 @@ MUTANTS = [
            "for rows in torch.arange(hidden.shape[0], device=hidden.device).split(ctx.chunk_size)"
            "[: hidden.shape[0] // ctx.chunk_size]:")),
     wrong(LINEAR, "sums the loss in float64 (a float32 input gives a float64 loss)",
-          ("            return losses.sum()\n        return",
-           "            return losses.double().sum()\n        return")),
+          ("            return losses.sum()\n        counted",
+           "            return losses.double().sum()\n        counted")),
 ]
 
 VARIANTS = [
@@ -328,4 +349,31 @@ VARIANTS = [
           flag="asks autograd for the gradient inside backward"),
     right(LINEAR, "each row's log-sum-exp saved (no double backward asked), gradients summed in place",
           source=_LSE_SAVED),
+    right(LINEAR, "the rows of the gradient for hidden in a list, concatenated once",
+          ("grad_hidden, grad_weight = torch.zeros_like(hidden), torch.zeros_like(weight)",
+           "grad_hidden, grad_weight = [], torch.zeros_like(weight)"),
+          ("grad_hidden = grad_hidden.index_add(0, rows, grad_logits @ weight)",
+           "grad_hidden.append(grad_logits @ weight)"),
+          ("return grad_hidden, grad_weight, None", "return torch.cat(grad_hidden), grad_weight, None")),
+    right(LINEAR, "names every step of a chunk, keeping the last chunk's until each name is reused",
+          ("""            logits = hidden[rows] @ weight.T  # one chunk of logits, gone after this iteration
+            picked = logits.gather(-1, safe[rows].unsqueeze(-1)).squeeze(-1)
+            losses.append(torch.logsumexp(logits, -1) - picked)""",
+           """            logits = hidden[rows] @ weight.T
+            top = logits.amax(-1, keepdim=True)
+            shifted = logits - top
+            e = shifted.exp()
+            lse = e.sum(-1).log() + top.squeeze(-1)
+            picked = logits.gather(-1, safe[rows].unsqueeze(-1)).squeeze(-1)
+            losses.append(lse - picked)"""),
+          ("            grad_logits = torch.softmax(hidden[rows] @ weight.T, -1) * s  # this chunk's logits, "
+           "recomputed\n            grad_logits = grad_logits.scatter_add(-1, safe[rows].unsqueeze(-1), -s)",
+           """            h = hidden[rows]
+            logits = h @ weight.T
+            top = logits.amax(-1, keepdim=True)
+            shifted = logits - top
+            e = shifted.exp()
+            p = e / e.sum(-1, keepdim=True)
+            onehot = torch.zeros_like(p).scatter(-1, safe[rows].unsqueeze(-1), 1.0)
+            grad_logits = (p - onehot) * s""")),
 ]
