@@ -141,9 +141,11 @@ def engine_order(root):
 '''
 
 _RUNS_BACKWARD = '''
+from torch.autograd.graph import GradientEdge
+
+
 def engine_order(root):
-    ran = []
-    stack, seen = [root], set()
+    ran, stack, seen = [], [root], set()
     while stack:
         node = stack.pop()
         if node is None or node in seen:
@@ -151,7 +153,7 @@ def engine_order(root):
         seen.add(node)
         node.register_prehook(lambda grads, node=node: ran.append(node))
         stack.extend(n for n, _ in node.next_functions)
-    root(torch.ones(()))  # runs the root's node, not the engine: then reads what ran
+    torch.autograd.backward(GradientEdge(root, 0), torch.ones(()))  # the engine, from the root node
     return ran
 '''
 
@@ -258,7 +260,7 @@ MUTANTS = [
     wrong("engine_order", "leaves out the AccumulateGrad nodes",
           ("        ran.append(node)\n", "        if type(node).__name__ != 'AccumulateGrad':\n"
                                        "            ran.append(node)\n")),
-    wrong("engine_order", "calls the root node and records what its hooks see", source=_RUNS_BACKWARD),
+    wrong("engine_order", "runs the engine from the root node and records the order", source=_RUNS_BACKWARD),
     wrong("engine_order", "not implemented", source="def engine_order(root):\n    raise NotImplementedError()\n"),
 
     wrong("clip_gradients", "clips the gradient in place (the shared tensor)",
