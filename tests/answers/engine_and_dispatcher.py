@@ -321,6 +321,9 @@ def step_in_backward(params, lr):
 
     wrong("engine_answers", "the hook runs once per use; retain_grad before the hook",
           ('"a": "1"', '"a": "3"'), ('"b": "the doubled gradient"', '"b": "the gradient before the hook"')),
+    wrong("engine_answers", "node pre-hooks first; the input is saved; a view costs bytes",
+          ('"c": "the tensor hook"', '"c": "the Node pre-hook"'), ('"d": "_saved_result"', '"d": "_saved_self"'),
+          ('"e": "None"', '"e": "_saved_other"'), ('"h": "0"', '"h": "1"')),
     wrong("engine_answers", "the branch built first runs first; post-accumulate hook runs under grad()",
           ('"f": "branch B"', '"f": "branch A"'), ('"g": "no"', '"g": "yes"')),
 ]
