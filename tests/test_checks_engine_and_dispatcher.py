@@ -198,11 +198,12 @@ def test_the_quiz_key_is_what_torch_does():
     (h * 2 + h.exp() + h * h).sum().backward()
     shown["a"] = str(len(calls))
 
-    h = x.sin()
-    h.retain_grad()
-    h.register_hook(lambda g: 2 * g)
-    h.sum().backward()
-    shown["b"] = "the doubled gradient" if torch.equal(h.grad, torch.full_like(h, 2.0)) else "?"
+    y, received = x.exp(), []
+    y.register_hook(lambda g: g + 1)
+    y.grad_fn.register_prehook(lambda grads: (grads[0] * 2,))
+    y.grad_fn.register_prehook(lambda grads: received.append(grads[0]))
+    y.sum().backward()
+    shown["b"] = str(int(received[0][0]))
 
     p, log = torch.ones(2, requires_grad=True), []
     node = p.view_as(p).grad_fn.next_functions[0][0]

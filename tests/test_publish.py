@@ -32,7 +32,7 @@ COMMON = {
     # The forward of a function as its exercise defines it (the exercise is its backward):
     "return x * torch.sigmoid(beta * x)": "Swish's definition, forward only",
     "return x.clamp(0, clip)": "ClippedReLU's definition, forward only",
-    "out = func(*args, **(kwargs or {}))": "boilerplate: the first line of any dispatch mode (student/saved.py's Watch)",
+    "out = func(*args, **(kwargs or {}))": "boilerplate: any dispatch mode's first line (student/saved.py's Watch)",
 }
 # The course's own code doing what an exercise asks for — a reference its visible check needs
 # in the student's kernel, or a meter the notebooks use — shares the answer's key lines.

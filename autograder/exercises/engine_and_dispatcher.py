@@ -606,9 +606,8 @@ def _alive_cause(want: int, got: Any, key: str) -> str:
 
 QUIZ_QUESTIONS = "abcdefgh"
 QUIZ_CHOICES = (
-    "0", "1", "2", "3",
-    "the tensor hook", "the post-accumulate-grad hook", "the Node pre-hook",
-    "the doubled gradient", "the gradient before the hook", "None",
+    "0", "1", "2", "3", "4",
+    "the tensor hook", "the post-accumulate-grad hook", "the Node pre-hook", "None",
     "_saved_self", "_saved_result", "_saved_other", "_saved_tensor1",
     "branch A", "branch B",
     "yes", "no",

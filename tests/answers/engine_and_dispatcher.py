@@ -319,8 +319,8 @@ def step_in_backward(params, lr):
           ("        self.log.append((func, created))",
            "        if created:\n            self.log.append((func, created))")),
 
-    wrong("engine_answers", "the hook runs once per use; retain_grad before the hook",
-          ('"a": "1"', '"a": "3"'), ('"b": "the doubled gradient"', '"b": "the gradient before the hook"')),
+    wrong("engine_answers", "the hook runs once per use; the pre-hook before the tensor hook",
+          ('"a": "1"', '"a": "3"'), ('"b": "4"', '"b": "3"')),
     wrong("engine_answers", "node pre-hooks first; the input is saved; a view costs bytes",
           ('"c": "the tensor hook"', '"c": "the Node pre-hook"'), ('"d": "_saved_result"', '"d": "_saved_self"'),
           ('"e": "None"', '"e": "_saved_other"'), ('"h": "0"', '"h": "1"')),
@@ -345,5 +345,5 @@ VARIANTS = [
            "            self.refs = getattr(self, 'refs', [])\n"
            "            self.refs.append(weakref.ref(block, lambda _, a=address: self.freed(a)))\n")),
     right("engine_answers", "answers written with other capitals and spaces",
-          ('"b": "the doubled gradient"', '"b": "The  doubled gradient"'), ('"g": "no"', '"g": " No "')),
+          ('"c": "the tensor hook"', '"c": "The  Tensor hook"'), ('"g": "no"', '"g": " No "')),
 ]
