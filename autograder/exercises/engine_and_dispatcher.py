@@ -271,14 +271,17 @@ def _plus(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
     return b if a is None else a + b
 
 
-def _hook_report(found: Any, n: int) -> dict[str, Any]:
+def _hook_report(found: Any, n: int, batches: int) -> dict[str, Any]:
+    """What hooks_run reported, checked for its form: n parameters' values and gradients
+    (unless an error stopped it), a gradient of x per backward."""
     try:
         report = dict(found)
         probe.ProbeError.from_data(report["error"])
-        for key in ("params", "grads", "params_after", "grads_after"):
+        lengths = {"input_grads": batches, "params": n, "grads": n, "params_after": n, "grads_after": n}
+        for key, length in lengths.items():
             values = report[key]
-            if not isinstance(values, list) or len(values) not in (0, n) or not all(
-                    v is None or isinstance(v, torch.Tensor) for v in values):
+            if not isinstance(values, list) or not all(v is None or isinstance(v, torch.Tensor) for v in values) or (
+                    report["error"] is None and len(values) != length):
                 raise TypeError(key)
         if not isinstance(report["changed"], list):
             raise TypeError("changed")
@@ -296,7 +299,7 @@ def _close(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
 def _run_hooks(student: Any, setting: _Setting, value: float, device: str, what: str, shown: list[str]) -> dict:
     __tracebackhide__ = True
     found = _hook_report(probe.invoke(graphs.hooks_run, student, graphs.MODEL, setting.params, setting.grads,
-                                      setting.inputs, value, device), len(setting.params))
+                                      setting.inputs, value, device), len(setting.params), len(setting.inputs))
     if found["error"] is not None:
         error = probe.ProbeError(**found["error"])
         cause = None
@@ -341,7 +344,7 @@ def check_clip_hooks(clip_gradients: Any, *, seed: int | None = 0, earlier: bool
 def _judge_clip(setting: _Setting, raws: list, max_norm: float, found: dict, shown: list[str]) -> None:
     __tracebackhide__ = True
     for k, (_, gx) in enumerate(raws):
-        got = found["input_grads"][k] if k < len(found["input_grads"]) else None
+        got = found["input_grads"][k]
         if not _close(got, gx):
             fail("clip_gradients changed the gradient of x, the model's input, which it must leave alone.", *shown,
                  f"x.grad of backward {k + 1}: expected {show(gx)}", f"actual {show(got)}",

@@ -182,7 +182,7 @@ def hooks_run(register: Any, net: Callable[..., torch.Tensor], params: list[torc
     leaves = [p.detach().to(device).clone().requires_grad_() for p in params]
     for p, g in zip(leaves, grads):
         p.grad = None if g is None else g.detach().to(device).clone()
-    report: dict[str, Any] = {"error": None, "stage": "register", "handles": "", "input_grads": [],
+    report: dict[str, Any] = {"error": None, "stage": "register", "input_grads": [],
                               "params": [], "grads": [], "params_after": [], "grads_after": [], "changed": []}
 
     def snapshot(key: str, grads_key: str) -> None:
@@ -191,7 +191,6 @@ def hooks_run(register: Any, net: Callable[..., torch.Tensor], params: list[torc
 
     try:
         handles = register(leaves, setting)
-        report["handles"] = type(handles).__name__
         for k, x in enumerate(inputs):
             report["stage"] = "backward"
             x = x.detach().to(device).clone().requires_grad_()
