@@ -94,16 +94,15 @@ compare-stock: $(STAMP) system-tools
 	$(BIN)/python -m pytest --timeout 0 tests/test_engine_scores.py --stock-all
 
 # The CUDA path, on a GPU machine whose python3 has torch and nothing else of ours (README,
-# "Checking on a GPU"): every notebook top to bottom, every known answer (device bugs included)
-# with CUDA and with CUDA hidden, the real grader on a class batch where build/gpu-check was
-# carried, the checks' times; the report in $(GPU_OUT)/report.md and report.json. Without CUDA
-# it runs what it can and lists what it skipped (`make test` runs its --quick form).
+# "Checking on a GPU"): most valuable first, within a time budget (ARGS="--budget 540", the
+# default), one line per finished task, the report in $(GPU_OUT)/report.md and report.json
+# rewritten after each. Here: make gpu-check PYTHON=.venv/bin/python (`make test` runs --quick).
 GPU_OUT ?= bench/results/gpu-check
 gpu-check:
 	$(PYTHON) bench/gpu_check.py $(GPU_OUT) $(ARGS)
 
-# The grader's dependencies as wheels for the GPU machine's Python (ARGS="--python-version 3.12"),
-# in build/gpu-check/wheels: carry that folder with the working tree.
+# What the GPU machine lacks for gpu-check's class batch, in build/gpu-check (carry it): the
+# grader's wheels for its Python (ARGS="--python-version 3.12.3", the default) and Debian's bwrap.
 gpu-wheels: $(STAMP)
 	$(BIN)/python bench/gpu_grade.py --download $(ARGS)
 

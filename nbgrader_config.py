@@ -62,12 +62,22 @@ c.HTMLExporter.extra_template_basedirs = [
                  "templates"),
 ]
 
-# `nbgrader zip_collect ASSIGNMENT`: a submission made with `hand_in()` (autograder/student/
-# handin.py) is a zip of STUDENT/ASSIGNMENT/ASSIGNMENT.ipynb and its timestamp.txt; put the
-# zips (as your LMS downloads them, renamed or not) in downloaded/ASSIGNMENT/archive/. The
-# student id is the folder inside the zip, the notebook its file; the time of the hand-in
-# comes from its timestamp.txt (HandInCollector), so late work shows as late.
-c.ZipCollectApp.collector_plugin = "autograder.grader.discover.HandInCollector"
-c.FileNameCollectorPlugin.named_regexp = (
-    r".*/(?P<student_id>[A-Za-z0-9][A-Za-z0-9_.-]*)/\d\d_[a-z0-9_]+/(?P<file_id>[^/]+\.ipynb)$"
-)
+# `nbgrader zip_collect ASSIGNMENT`: put the LMS's download of hand_in() zips, as it comes (its
+# zip of all, or each student's file), in downloaded/ASSIGNMENT/archive/ (README, "Handing in").
+# The student is the uploader, from the name the LMS gives each file, never the folder inside
+# the zip; a zip that holds another student's folder is refused in one line. The time is the
+# LMS's upload time where the name carries one, else the student's own timestamp.txt; each
+# download and where its time came from is listed in reports/ASSIGNMENT/hand-ins.csv.
+c.ZipCollectApp.extractor_plugin = "autograder.grader.handins.HandInExtractor"
+c.ZipCollectApp.collector_plugin = "autograder.grader.handins.HandInCollector"
+# The names of the LMS's downloads, {LMS: regular expression}: groups student_id (the course's
+# ids) or lms_id (the LMS's own, mapped through the roster), and optionally timestamp (the
+# upload time) and late. The defaults (autograder/grader/handins.py, CANVAS and MOODLE):
+#   Canvas  "lovelaceada[_LATE]_{Canvas user id}_{attachment id}_{file}"
+#   Moodle  "Ada Lovelace_{participant id}_assignsubmission_file_[/]{file}"
+# Add your LMS's with c.HandInExtractor.download_names.update({"Mine": r"(?P<student_id>...)_..."}).
+# Canvas's and Moodle's ids are their own: the map to your students' ids is the first of
+# downloaded/ASSIGNMENT/lms-roster.csv and lms-roster.csv (Canvas's gradebook export: ID -> SIS
+# User ID; Moodle's grading worksheet: Identifier -> ID number; c.HandInExtractor.roster,
+# c.HandInExtractor.roster_columns). An upload time without a zone is in
+# c.HandInExtractor.timezone (UTC).

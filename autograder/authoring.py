@@ -19,7 +19,10 @@ from nbformat import NotebookNode
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository checkout
 SOLUTIONS = "solutions"
-STUDENT_DISTRIBUTION = "autograd-course-student"  # the package `make publish` builds (autograder/publish.py)
+# The package `make publish` builds (autograder/publish.py), and its self-study edition's (two
+# names: pip never takes one edition's install for the other's).
+STUDENT_DISTRIBUTION = "autograd-course-student"
+SELF_STUDY_DISTRIBUTION = "autograd-course-self-study"
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 
 SETUP_CELL = '''\
@@ -62,11 +65,16 @@ def student_repository(root: Path = ROOT, self_study: bool = False) -> str:
     return table["self-study-repository" if self_study else "student-repository"]
 
 
+def distribution(self_study: bool = False) -> str:
+    """The student package's distribution name: the class edition's, or the self-study edition's."""
+    return SELF_STUDY_DISTRIBUTION if self_study else STUDENT_DISTRIBUTION
+
+
 def setup_source(root: Path = ROOT, self_study: bool = False) -> str:
     """The first code cell of every notebook. In Colab it installs the student package
     (with pip in a subprocess: nothing asks for a restart, and a failure says why) from the
     class edition's repository, or with `self_study` the self-study edition's."""
-    return SETUP_CELL.format(package=STUDENT_DISTRIBUTION, url=student_repository(root, self_study))
+    return SETUP_CELL.format(package=distribution(self_study), url=student_repository(root, self_study))
 
 
 def assignments(root: Path = ROOT) -> list[str]:
@@ -263,6 +271,23 @@ def use_this_environment() -> None:
     scripts = str(Path(sys.executable).parent)
     if os.environ.get("PATH", "").split(os.pathsep)[0] != scripts:
         os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
+
+
+# What Jupyter and Python leave in any folder (nbgrader's CourseDirectory.ignore): never an instructor's work.
+GENERATED = (".ipynb_checkpoints", "__pycache__")
+
+
+def hand_made(slugs: list[str], root: Path = ROOT) -> list[str]:
+    """Files in course/SLUG/ that solutions/SLUG/ does not have (put there by hand), which a
+    release would delete (nbgrader replaces course/SLUG/ whole): paths from the root."""
+    found = []
+    for slug in slugs:
+        released, source = root / "course" / slug, root / SOLUTIONS / slug
+        for path in sorted(released.rglob("*")):
+            inside = path.relative_to(released)
+            if path.is_file() and not set(inside.parts) & set(GENERATED) and not (source / inside).exists():
+                found.append(str(path.relative_to(root)))
+    return found
 
 
 def release(root: Path = ROOT, release_dir: Path | None = None, db_url: str | None = None,

@@ -1,36 +1,93 @@
-"""The `autograder` command."""
+"""The `autograder` command.
+
+Every command checks its arguments before it loads torch, nbgrader or a worker (which take
+seconds), so a mistake is answered at once, in one line that lists the valid choices; a
+longer run shows what it does on one status line. Help is plain text (no type after a flag),
+and no failure goes through typer's rich traceback.
+"""
 from __future__ import annotations
 
+import difflib
 import os
 import sys
+import time
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-app = typer.Typer(help="The autograd course's instructor tools.", no_args_is_help=True, add_completion=False)
+from . import __version__
+
+# jsonschema (under nbformat) imports the optional rfc3987_syntax where it is installed
+# (JupyterLab brings it), which compiles a grammar: 2-3 CPU-s, more than most commands' own
+# work. Nothing here checks the "iri" formats it adds; marked absent, it is skipped.
+sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]  # (None: import fails)
+
+app = typer.Typer(help="The autograd course's instructor tools.", no_args_is_help=True, add_completion=False,
+                  rich_markup_mode=None, pretty_exceptions_enable=False)
+
+# What a flag's value would be: `grade --force true` is the flag and then an assignment "true".
+FLAG_VALUES = {"true", "false", "yes", "no", "on", "off", "1", "0"}
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """One line on stderr; the exit to raise."""
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
 
 
 @app.command()
 def release() -> None:
-    """Normalise the notebooks in solutions/ and regenerate the student notebooks in course/."""
-    from . import authoring
+    """Regenerate course/ from solutions/.
 
-    for slug in authoring.normalize_all():
+    Each notebook of solutions/ is put in its stored form (outputs cleared, the shared setup
+    and hand-in cells), then released with stock `nbgrader generate_assignment` into course/
+    and the gradebook. course/ASSIGNMENT/ is replaced whole: a file there that solutions/
+    does not have (one added by hand) stops the release before anything is written.
+    """
+    from rich.console import Console
+
+    from . import authoring
+    from .grader import progress
+
+    slugs = authoring.assignments()
+    extra = authoring.hand_made(slugs)
+    if extra:
+        raise fail(f"course/ holds {', '.join(extra)}, which solutions/ does not: the release replaces "
+                   "course/ASSIGNMENT/ whole and would delete it; move it into solutions/ASSIGNMENT/ (or away)")
+    from nbgrader.converters import NbGraderException
+
+    with progress.showing(Console(stderr=True), time.monotonic(), "Releasing") as display:
+        display.phase("normalising solutions/ ...")
+        changed = authoring.normalize_all()
+        for n, slug in enumerate(slugs, 1):
+            display.phase(f"{slug} ({n} of {len(slugs)}) ...")
+            try:
+                authoring.release(slugs=[slug])
+            except NbGraderException as error:
+                raise fail(f"nbgrader could not release {slug} ({str(error).strip() or 'see its messages above'}); "
+                           f"course/{slug} is as git has it (git checkout course/{slug})", 1) from None
+        authoring.write_visible_checks()
+    for slug in changed:
         typer.echo(f"normalised solutions/{slug}")
-    authoring.release()
-    authoring.write_visible_checks()
-    typer.echo("course/ regenerated from solutions/ (and the summary cells' list of visible checks)")
+    typer.echo(f"course/ regenerated from solutions/ ({len(slugs)} notebooks), and the summary cells' list of "
+               "visible checks")
 
 
 @app.command()
 def grade(
-    assignments: List[str] = typer.Argument(None, help="Assignments to grade, e.g. 03_function_basics (default: all)."),
-    student: List[str] = typer.Option([], "--student", "-s", help="Grade only this student (repeatable)."),
-    force: bool = typer.Option(False, "--force", help="Grade again submissions that were graded before."),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Notebooks run at once (default: one per CPU core)."),
-    timeout: float = typer.Option(120, help="Seconds a notebook may run in total; then it is stopped and flagged."),
-    memory: int = typer.Option(2048, help="MiB of memory a notebook may use."),
+    assignments: List[str] = typer.Argument(None, metavar="[ASSIGNMENT]...",
+                                            help="Assignments to grade, e.g. 03_function_basics (default: all)."),
+    student: List[str] = typer.Option([], "--student", "-s", metavar="STUDENT",
+                                      help="Grade only this student (repeatable)."),
+    force: bool = typer.Option(False, "--force",
+                               help="Grade again submissions that were graded before: their autograded/ notebooks, "
+                                    "automatic scores and feedback are replaced (manual grades and comments stay)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", metavar="N",
+                                       help="Notebooks run at once (default: one per CPU core)."),
+    timeout: float = typer.Option(120, metavar="SECONDS",
+                                  help="Seconds a notebook may run in total; then it is stopped and flagged."),
+    memory: int = typer.Option(2048, metavar="MIB", help="MiB of memory a notebook may use."),
     no_sandbox: bool = typer.Option(
         False, "--no-sandbox",
         help="Run without bubblewrap even if it is installed (isolation is reduced: not for untrusted code)."
@@ -39,26 +96,29 @@ def grade(
         False, "--feedback",
         help="Also write feedback/ (HTML for students, hidden tests removed), as `nbgrader generate_feedback` does."
     ),
-    db: Optional[str] = typer.Option(None,
+    db: Optional[str] = typer.Option(None, metavar="URL",
                                      help="Gradebook URL (default: nbgrader's, sqlite:///gradebook.db in the course; "
-                                                "PostgreSQL: postgresql+psycopg://USER@HOST/DATABASE)."),
+                                          "PostgreSQL: postgresql+psycopg://USER@HOST/DATABASE)."),
     scheduler: Optional[str] = typer.Option(
-        None, help="Grade on a Dask cluster: the scheduler's address (tcp://HOST:8786). Each Dask worker runs as many "
-                   "notebooks at once as it has threads, sandboxed on its machine; this process writes the gradebook "
-                   "(--jobs is then the workers' --nthreads). See the README, 'A large course'."
+        None, metavar="ADDRESS",
+        help="Grade on a Dask cluster: the scheduler's address (tcp://HOST:8786). Each Dask worker runs as many "
+             "notebooks at once as it has threads, sandboxed on its machine; this process writes the gradebook "
+             "(--jobs is then the workers' --nthreads). See the README, 'A large course'."
     ),
-    course: Path = typer.Option(Path("."), help="The course root: the folder with nbgrader_config.py and submitted/."),
+    course: Path = typer.Option(Path("."), metavar="FOLDER",
+                                help="The course root: the folder with nbgrader_config.py and submitted/."),
     gpu: bool = typer.Option(
         False, "--gpu",
         help="Insist on a GPU: refuse to start without one. (A GPU that torch can use is passed into the "
-                             "sandbox anyway, device nodes and driver libraries only: README, 'Grading on a GPU'.)"
+             "sandbox anyway, device nodes and driver libraries only: README, 'Grading on a GPU'.)"
     ),
 ) -> None:
-    """Grade the submissions in submitted/STUDENT/ASSIGNMENT/, like `nbgrader autograde`, but fast and safely.
+    """Grade submitted/ like `nbgrader autograde`, fast and sandboxed.
 
-    Every notebook runs in its own process, several at once, inside a sandbox: no
-    network, no access to solutions/, the gradebook or other students' work, and hard
-    limits on time, memory, processes and output. Scores are those nbgrader gives.
+    Grades the submissions in submitted/STUDENT/ASSIGNMENT/. Every notebook runs in its own
+    process, several at once, inside a sandbox: no network, no access to solutions/, the
+    gradebook or other students' work, and hard limits on time, memory, processes and
+    output. Scores are those nbgrader gives.
 
     Results go where nbgrader keeps them: the gradebook (formgrader and `nbgrader export`
     read it) and autograded/. It also writes grades.csv and, per assignment,
@@ -76,6 +136,10 @@ def grade(
     grading this course, 4 an operational failure (gradebook locked, disk full, folder not
     writable): what was saved stays saved, and running again finishes the rest.
     """
+    stray = [a for a in assignments or [] if a.lower() in FLAG_VALUES]
+    if stray:
+        raise fail(f"'{stray[0]}' is not an assignment: --force, --feedback, --no-sandbox and --gpu are flags and "
+                   f"take no value (write --force, not --force {stray[0]})")
     from .grader.grade import run
     from .grader.preflight import FAILED, GradingError
     from .grader.records import Options
@@ -85,8 +149,7 @@ def grade(
     if gpu and scheduler is None:  # a cluster's workers find their own
         name, why = sandbox.find_gpu()
         if name is None:
-            typer.echo(f"error: --gpu was given, but {why}", err=True)
-            raise typer.Exit(2)
+            raise fail(f"--gpu was given, but {why}")
 
     options = Options(
         root=course.resolve(), assignments=list(assignments or []), students=list(student), force=force,
@@ -116,25 +179,27 @@ def replay(
     assignment: str = typer.Argument(..., help="The assignment, e.g. 03_function_basics."),
     student: str = typer.Argument(..., help="The student whose verdict to replay."),
     cell: str = typer.Argument(..., help="The test cell's grade_id, e.g. check_linear_hidden."),
-    course: Path = typer.Option(Path("."), help="The course root."),
+    course: Path = typer.Option(Path("."), metavar="FOLDER", help="The course root."),
 ) -> None:
-    """Judge one test cell of one submission again and compare it with the recorded verdict.
+    """Judge one test cell of one submission again, with its inputs.
 
     After a complaint, say: the cell's checks draw the inputs its verdict was drawn from
     (the seeds its autograded notebook records), and the notebook runs sandboxed up to
-    that cell, as when it was graded; nothing is written.
+    that cell, as when it was graded; nothing is written. A wrong assignment, student or
+    cell is answered at once, with the valid ones.
     Exit codes: 0 the verdict is the recorded one, 1 it differs (or was never recorded),
     2 there is nothing to replay.
     """
     from .grader.preflight import GradingError
     from .grader.records import Options, as_text
-    from .grader.replay import replay as run
+    from .grader.replay import check
 
+    options = Options(root=course.resolve())
     try:
-        found = run(Options(root=course.resolve()), assignment, student, cell)
+        check(options, assignment, student, cell)
+        found = _replayed(options, assignment, student, cell)
     except GradingError as error:
-        typer.echo(f"error: {error}", err=True)
-        raise typer.Exit(error.code) from None
+        raise fail(str(error), error.code) from None
     typer.echo(f"{student} / {assignment} / {cell}, judged again with {found.seeds}:")
     typer.echo(as_text(found.outputs).rstrip() or "(no output)")
     if found.failure:
@@ -145,83 +210,119 @@ def replay(
     raise typer.Exit(0 if found.same else 1)
 
 
+def _replayed(options, assignment: str, student: str, cell: str):
+    """`replay`'s run, with its status line (loading, preparing, running: tens of seconds)."""
+    from rich.console import Console
+
+    from .grader import progress
+    from .grader.replay import replay as run
+
+    with progress.showing(Console(stderr=True), time.monotonic(), "Replaying") as display:
+        return run(options, assignment, student, cell, display.phase)
+
+
 @app.command()
 def exercise(
     grade_id: str = typer.Argument(..., help="The answer cell's grade_id, e.g. conv2d."),
 ) -> None:
-    """Everything of one exercise: its notebook and cells, the checks its graded cells call
-    (and where they are written), its known answers and the command that runs its tests."""
+    """Show one exercise: its cells, checks, answers and tests.
+
+    Its notebook and cells, the checks its graded cells call (and where they are written),
+    its known answers and the command that runs its tests.
+    """
     from . import registry
 
     if not registry.named(grade_id):
-        close = list(dict.fromkeys(e.grade_id for e in registry.exercises() if grade_id in e.grade_id))
-        typer.echo(f"error: no exercise {grade_id!r}" + (f" (did you mean {', '.join(close)}?)" if close else ""),
-                   err=True)
-        raise typer.Exit(2)
+        known = list(dict.fromkeys(e.grade_id for e in registry.exercises()))
+        close = [g for g in known if grade_id in g] or difflib.get_close_matches(grade_id, known, n=3)
+        raise fail(f"no exercise {grade_id!r}" + (f" (did you mean {', '.join(close)}?)" if close else
+                                                  f"; the exercises: {', '.join(known)}"))
     typer.echo(registry.describe(grade_id))
 
 
 @app.command()
 def secret(
-    rotate: bool = typer.Option(False, "--rotate", help="Make a new secret: grades from now on draw other inputs."),
-    course: Path = typer.Option(Path("."), help="The course root."),
+    rotate: bool = typer.Option(
+        False, "--rotate",
+        help="Make a new secret: grades from now on draw other inputs. The one it replaces is kept beside it."),
+    course: Path = typer.Option(Path("."), metavar="FOLDER", help="The course root."),
 ) -> None:
-    """Show or rotate the course's grading secret, which every check's inputs derive from.
+    """Show or rotate the course's grading secret.
 
-    It is made the first time the course is graded and kept with the gradebook (copy both
-    when grading moves to another machine: regrades draw the same inputs only with it).
-    Students never see it. Rotate it if it may have leaked; each autograded notebook
-    records its cells' seeds, so `autograder replay` still replays earlier grades.
+    Every check's inputs derive from it. It is made the first time the course is graded and
+    kept with the gradebook (copy both when grading moves to another machine: regrades draw
+    the same inputs only with it). Students never see it. Rotate it if it may have leaked;
+    each autograded notebook records its cells' seeds, so `autograder replay` still replays
+    earlier grades.
     """
     from .grader import secret as secrets
 
     root = course.resolve()
     if not (root / "nbgrader_config.py").exists():
-        typer.echo(f"error: {root} is not a course root (no nbgrader_config.py): run this there, or pass --course",
-                   err=True)
-        raise typer.Exit(2)
+        raise fail(f"{root} is not a course root (no nbgrader_config.py): run this there, or pass --course")
     try:
-        key = secrets.rotate(root) if rotate else secrets.load(root)[0]
+        if rotate:
+            key, kept = secrets.rotate(root)
+        else:
+            key, kept = secrets.load(root)[0], None
     except (OSError, ValueError) as error:
-        typer.echo(f"error: the grading secret {secrets.path(root)} cannot be {'made' if rotate else 'read or made'} "
-                   f"({error})" + ("" if rotate else "; `autograder secret --rotate` makes a new one"), err=True)
-        raise typer.Exit(1) from None
+        raise fail(f"the grading secret {secrets.path(root)} cannot be {'made' if rotate else 'read or made'} "
+                   f"({error})" + ("" if rotate else "; `autograder secret --rotate` makes a new one"), 1) from None
     typer.echo(f"{'new ' if rotate else ''}grading secret {secrets.fingerprint(key)} in {secrets.path(root)}")
+    if kept is not None:
+        typer.echo(f"the secret it replaced is kept as {kept} (to undo: mv {kept} {secrets.path(root)})")
 
 
 @app.command()
 def publish(
-    out: Path = typer.Argument(Path("public"),
-                               help="Folder for the public repository's content (a clone of it, or a new folder)."),
+    out: Path = typer.Argument(Path("public"), metavar="[OUT]",
+                               help="Folder for the public repository's content: a new or empty folder, a clone of "
+                                    "the public repository, or a folder an earlier publish wrote (default: public)."),
     self_study: bool = typer.Option(
         False, "--self-study", help="The edition for self-learners, for its own repository (self-study-repository in "
                                     "pyproject.toml): every quiz's key and explanations are included, so each quiz's "
                                     "check explains the answers at once. Never for a graded class."
     ),
 ) -> None:
-    """Write what students get into OUT: the student package and the released notebooks.
+    """Write what students get (the public repository) into OUT.
 
-    Nothing of solutions/, the hidden tests, the quiz keys or the grader goes there, so OUT
-    can be pushed as the course's public repository while this one stays private. Colab's
-    setup cell installs the student package from that repository
-    (`\\[tool.autograd-course] student-repository` in pyproject.toml; the self-study
-    edition's: `self-study-repository`). Run `autograder release` first (`make publish`
-    does): course/ is copied as it is. OUT's files are replaced, its .git is kept; OUT must
-    not be the other edition's (a clone of its repository, or its content).
+    The student package and the released notebooks: nothing of solutions/, the hidden
+    tests, the quiz keys or the grader goes there, so OUT can be pushed as the course's
+    public repository while this one stays private. Colab's setup cell installs the student
+    package from that repository ([tool.autograd-course] student-repository in
+    pyproject.toml; the self-study edition's: self-study-repository). Run `autograder
+    release` first (`make publish` does): course/ is copied as it is.
+
+    OUT must be empty (a clone of an empty repository: .git alone) or written by publish
+    before: it lists the files it wrote in OUT/.autograder-publish (commit it with them) and
+    replaces those, and no others, when run again. Anything else is refused in one line,
+    and so are a course's own folders, the course root and the folders above it, and the
+    other edition's repository.
     """
     from . import publish as publishing
 
     try:
         publishing.build(out.resolve(), self_study=self_study)
     except publishing.PublishError as error:
-        typer.echo(f"error: {error}", err=True)
-        raise typer.Exit(2) from None
+        raise fail(str(error)) from None
+    except OSError as error:  # a folder it may not write, a full disk
+        raise fail(f"publishing into {out} stopped: {error.strerror or error} ({error.filename or out}); what it "
+                   f"wrote is listed in {publishing.MARKER}, so publishing again replaces it", 1) from None
     edition = ("the self-study edition of the student package (quiz keys included)" if self_study
                else "the student package")
-    typer.echo(f"{out}/ holds {edition} and {len(publishing.released())} notebooks; push it to "
-               f"{publishing.student_repository(self_study=self_study)}")
+    typer.echo(f"{out}/ holds {edition} and {len(publishing.released())} notebooks; commit everything (with "
+               f"{publishing.MARKER}) and push it to {publishing.student_repository(self_study=self_study)}")
+
+
+def _version(shown: bool) -> None:
+    if shown:
+        typer.echo(f"autograder {__version__}")
+        raise typer.Exit()
 
 
 @app.callback()
-def main() -> None:
+def main(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Show the version and exit."),
+) -> None:
     """Instructor tools of the autograd course."""

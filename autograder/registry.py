@@ -43,13 +43,22 @@ class Exercise:
     heading: str  # "Exercise 4.6 · Conv2d ..." (the last "## " heading above it)
     index: int  # the answer cell's index in the solution notebook
     graded: tuple[GradedCell, ...]
-    checks: tuple[Check, ...]
+    check_names: tuple[str, ...]  # qualified names of the checks its graded cells call
+
+    @property
+    def checks(self) -> tuple[Check, ...]:
+        """Its checks, found in their modules (which import torch: read only when asked)."""
+        return tuple(_check(name) for name in self.check_names)
 
 
-@functools.cache
 def exercises(root: Path = authoring.ROOT) -> tuple[Exercise, ...]:
     """Every exercise of every notebook in solutions/, in course order. (A grade_id is unique
     within its notebook only: 02 and 07 both have an `hvp`.)"""
+    return _exercises(root)
+
+
+@functools.cache  # (keyed by the root alone, however it was passed)
+def _exercises(root: Path) -> tuple[Exercise, ...]:
     found: dict[tuple[str, str], Exercise] = {}
     for slug in authoring.assignments(root):
         nb = nbformat.read(authoring.solution_path(slug, root), as_version=4)
@@ -64,11 +73,11 @@ def exercises(root: Path = authoring.ROOT) -> tuple[Exercise, ...]:
                 found[slug, current.grade_id] = current
             elif meta.get("grade") and current is not None:
                 hidden = "### BEGIN HIDDEN TESTS" in cell.source
-                checks = tuple(c for c in _checks(cell.source, imported) if c not in current.checks)
+                checks = tuple(c for c in _checks(cell.source, imported) if c not in current.check_names)
                 current = found[slug, current.grade_id] = Exercise(
                     current.grade_id, slug, current.heading, current.index,
                     (*current.graded, GradedCell(meta["grade_id"], index, meta.get("points", 0), hidden)),
-                    (*current.checks, *checks))
+                    (*current.check_names, *checks))
     return tuple(found.values())
 
 
@@ -87,17 +96,18 @@ def _imported_names(nb: nbformat.NotebookNode) -> dict[str, str]:
             tree = ast.parse(cell.source)
         except SyntaxError:  # IPython magics
             continue
-        for node in ast.walk(tree):
+        for node in tree.body:  # a notebook imports at the top level of its cells
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("autograder."):
                 for alias in node.names:
                     names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
     return names
 
 
-def _checks(source: str, imported: dict[str, str]) -> list[Check]:
+def _checks(source: str, imported: dict[str, str]) -> list[str]:
+    """Qualified names of the course's functions a cell calls."""
     called = [node.func.id for node in ast.walk(ast.parse(source))
               if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in imported]
-    return [_check(imported[name]) for name in dict.fromkeys(called)]
+    return [imported[name] for name in dict.fromkeys(called)]
 
 
 @functools.cache

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import types
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,6 +94,24 @@ class Course:
         with Gradebook(self.db_url) as gradebook:
             notebook = gradebook.find_submission_notebook(slug, slug, student)
             return {g.name: (g.score, g.max_score) for g in notebook.grades if g.cell.cell_type == "code"}
+
+
+def canvas_download(course: Course, slug: str, uploads: list[tuple[str, Path, bool]]) -> Path:
+    """hand_in() zips as Canvas's "Download Submissions" gives them, in
+    downloaded/SLUG/archive/: one zip of every upload (uploader, zip, LATE), each named
+    "{name}[_LATE]_{Canvas user id}_{attachment id}_{file}", and Canvas's gradebook export as
+    the course's lms-roster.csv (ID: the Canvas user id, SIS User ID: the student id)."""
+    archive = course.root / "downloaded" / slug / "archive"
+    archive.mkdir(parents=True, exist_ok=True)
+    users = {student: 1000 + k for k, student in enumerate(dict.fromkeys(s for s, _, _ in uploads))}
+    with open(course.root / "lms-roster.csv", "w", newline="") as f:
+        f.write("Student,ID,SIS User ID,SIS Login ID,Section\n    Points Possible,,,,\n")
+        f.writelines(f'"{s.title()}, Student",{user},{s},{s}@example.org,\n' for s, user in users.items())
+    with zipfile.ZipFile(archive / f"autograd-course-{slug} submissions.zip", "w") as download:
+        for attachment, (student, zipped, late) in enumerate(uploads, 5000):
+            late_mark = "_LATE" if late else ""
+            download.write(zipped, f"{student}student{late_mark}_{users[student]}_{attachment}_{zipped.name}")
+    return archive
 
 
 def namespace(slug: str, answers: dict[str, str] | None = None) -> dict:

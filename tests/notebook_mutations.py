@@ -5,7 +5,9 @@ A mutant starts from a notebook as a student hands it in (JSON, as a dict) and a
 few edits of the kinds a careless, confused or hostile student (or a broken tool) makes:
 nbgrader metadata of any type or with fields of any type, missing, duplicated and unknown
 fields and ids, cells deleted, copied, moved and retyped, outputs of any shape, large
-sources, a notebook's own metadata and version changed; some are not JSON at all.
+sources, a notebook's own metadata and version changed; some are not JSON at all. Cells the
+instructor made are copied many times over (as markdown too) and their metadata is carried by
+other cells (markdown, answers): a student's copy-paste.
 """
 from __future__ import annotations
 
@@ -57,7 +59,7 @@ def _edit(draw, nb: dict) -> None:
     kind = draw(st.sampled_from([
         "nbgrader any", "field any", "field drop", "field unknown", "grade_id copied", "grade_id unknown",
         "points odd", "retype", "delete", "copy", "move", "source large", "source list", "outputs", "id",
-        "cell metadata any", "notebook metadata", "nbformat minor",
+        "cell metadata any", "notebook metadata", "nbformat minor", "copies", "metadata of another",
     ]))
     nbgrader = _nbgrader(cell)
     if kind == "nbgrader any":
@@ -88,6 +90,23 @@ def _edit(draw, nb: dict) -> None:
         if draw(st.booleans()):
             twin["id"] = f"copy-{i}"
         cells.insert(draw(st.integers(0, len(cells))), twin)
+    elif kind == "copies":  # of a cell the instructor made, where there is one: before and after it, any type
+        made = [k for k, c in enumerate(cells) if isinstance(_nbgrader(c), dict)] or [i]
+        original = cells[draw(st.sampled_from(made))]
+        for k in range(draw(st.integers(2, 12))):
+            twin = copy.deepcopy(original)
+            if draw(st.booleans()):
+                twin["id"] = f"copies-{k}"
+            if draw(st.booleans()):
+                twin["cell_type"] = "markdown"
+                twin.pop("outputs", None), twin.pop("execution_count", None)
+            if draw(st.booleans()):
+                twin["source"] = draw(st.sampled_from(["", "x = 1\n", "# an answer\n"]))
+            cells.insert(draw(st.integers(0, len(cells))), twin)
+    elif kind == "metadata of another":  # a cell (markdown, an answer) carries another's nbgrader metadata
+        carriers = [c for c in cells if isinstance(_nbgrader(c), dict)]
+        if carriers:
+            meta["nbgrader"] = copy.deepcopy(_nbgrader(draw(st.sampled_from(carriers))))
     elif kind == "move":
         cells.insert(draw(st.integers(0, len(cells) - 1)), cells.pop(i))
     elif kind == "source large":

@@ -24,7 +24,7 @@ import browser
 from autograder import authoring
 from autograder.student import handin
 from engine_course import grade, solutions
-from grading import Course, points
+from grading import Course, canvas_download, points
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("browser")]
 SLUG = "03_function_basics"
@@ -120,16 +120,15 @@ def test_a_student_sees_the_graphs_of_notebook_07(student_lab):
 
 @pytest.fixture(scope="module")
 def graded_course(tmp_path_factory):
-    """A course whose submissions came in as hand_in() zips (alice: right answers, bob:
-    edited a locked cell, which flags him; mallory: forged ClippedReLU's check), collected;
-    alice's and bob's graded with feedback, mallory's left for formgrader's button."""
+    """A course whose submissions came in as hand_in() zips in Canvas's download (alice: right
+    answers, bob: edited a locked cell, which flags him; mallory: forged ClippedReLU's check),
+    collected; alice's and bob's graded with feedback, mallory's left for formgrader's button."""
     root = tmp_path_factory.mktemp("instructor") / "course"
     root.mkdir()
     course = Course(root, [SLUG])
-    archive = root / "downloaded" / SLUG / "archive"
-    archive.mkdir(parents=True)
     model = solutions(SLUG)
     forged = {**model, "clipped_relu": model["clipped_relu"].replace(*WRONG_BACKWARD) + FORGERY}
+    uploads = []
     for student, edit in (("alice", None), ("bob", "check_clipped_relu"), ("mallory", None)):
         notebook = root.parent / student / f"{SLUG}.ipynb"
         notebook.parent.mkdir()
@@ -140,7 +139,8 @@ def graded_course(tmp_path_factory):
             cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == edit)
             cell.source = "pass  # the check, deleted"
             nbformat.write(nb, notebook)
-        shutil.copy(handin.hand_in(student, notebook=notebook), archive)
+        uploads.append((student, handin.hand_in(student, notebook=notebook), False))
+    canvas_download(course, SLUG, uploads)  # as Canvas's "Download Submissions" gives them
     nbgrader = Path(sys.executable).with_name("nbgrader")
     done = subprocess.run([str(nbgrader), "zip_collect", SLUG], cwd=root, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr

@@ -99,6 +99,37 @@ def test_peak_memory_sees_forward_and_backward():
     assert mem.now == 0
 
 
+def _hooked(kept: dict):
+    """torch's non-reentrant checkpoint of tanh(tanh(x)) as hooks written by hand: a handle per
+    saved tensor, everything recomputed at the first unpack into `kept`, popped when unpacked
+    unless `kept` is a dict that keeps them (any other mapping)."""
+    x = torch.randn(64, dtype=torch.float64, requires_grad=True)
+    handles = iter(range(10))
+    steps = meters.BackwardSteps()
+
+    def unpack(handle):
+        if not kept:
+            with steps.recomputing(), torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(
+                    lambda t: kept.__setitem__(len(kept), t.detach()), lambda _: None):
+                torch.tanh(torch.tanh(x))
+        return kept.pop(handle) if isinstance(kept, dict) else kept[handle]
+
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: next(handles), unpack):
+        y = torch.tanh(torch.tanh(x))
+    with steps.watching(y):
+        torch.autograd.grad(y.sum(), [x])
+    return steps.held()
+
+
+class Keeping(dict):
+    pop = dict.get  # hands the tensor out and keeps it
+
+
+def test_backward_steps_see_a_recomputed_tensor_kept_past_its_last_read():
+    assert _hooked({}) == (0, 512)  # the inner tanh's output, needed by its own step: 64 float64
+    assert _hooked(Keeping()) == (512, 512)  # and the outer one's, kept past the step that read it
+
+
 def test_human():
     assert meters.human(1536) == "1.5 KiB" and meters.human(12) == "12 bytes"
 
@@ -332,7 +363,7 @@ def test_checkpoint_with_hooks_right(capsys):
     m.check_checkpoint_with_hooks(checkpoint_with_hooks)
     out = capsys.readouterr().out
     assert "✔ checkpoint_with_hooks keeps none of the tensors run saves after forward, only run's inputs" in out
-    assert "run recomputed once in backward" in out
+    assert "run recomputed once in backward; each recomputed tensor let go of once backward has read it" in out
 
 
 @pytest.mark.parametrize("label, expected, cause", [
@@ -352,6 +383,11 @@ def test_checkpoint_with_hooks_right(capsys):
      "require grad as in forward"),
     ("also logs every saved tensor in a module global list", "checkpoint_with_hooks: after forward, a tensor forward "
      "created", "kept by the global variable `SAVED`"),
+    *[(label, "checkpoint_with_hooks: during backward, 576 bytes of recomputed tensors were still alive after the last "
+       "step of backward that read them", "recomputed.pop(handle)") for label in (
+        "unpack keeps every recomputed tensor in its dict until the graph is freed",
+        "unpack hands out a copy and keeps the recomputed tensor",
+        "keeps a trace of every recomputed tensor beside the dict, for debugging")],
 ])
 def test_checkpoint_with_hooks_mutants(label, expected, cause):
     message = failure(m.check_checkpoint_with_hooks, _mutant(label))

@@ -20,7 +20,7 @@ import psutil
 import pytest
 from nbgrader.api import Gradebook
 
-from engine_course import clone, flagged, grade, rows, solutions, submit_notebook, survivors, with_answers
+from engine_course import clone, flagged, grade, notebook, rows, solutions, submit_notebook, survivors, with_answers
 from grading import Course, points
 
 pytestmark = pytest.mark.slow
@@ -58,6 +58,45 @@ def _tampered(course: Course, model: dict) -> dict[str, nbformat.NotebookNode]:
             "t_moved": moved, "t_metadata": metadata}
 
 
+def _twin(cell, cell_id: str, cell_type: str = "code", source: str | None = None):
+    twin = nbformat.from_dict(json.loads(json.dumps(cell)))
+    twin.id = cell_id
+    if cell_type != "code":
+        twin.cell_type = cell_type
+        del twin["outputs"], twin["execution_count"]
+    if source is not None:
+        twin.source = source
+    return twin
+
+
+NOTES = "My notes: Linear's backward must return None where needs_input_grad is False."
+
+
+def _copied(course: Course, model: dict) -> dict[str, nbformat.NotebookNode]:
+    """Cells claiming one grade_id many times over, as copy-paste leaves them (graded by us,
+    not by stock nbgrader, which fails on every one)."""
+    copies = with_answers(course, SLUG, model)
+    hidden = _cells(copies, "check_clipped_relu_hidden")[0]
+    for k, at in enumerate([0, 5, copies.cells.index(_cells(copies, "clipped_relu")[0]), len(copies.cells)]):
+        copies.cells.insert(at, _twin(hidden, f"hidden-{k}"))  # before and after the released one
+    copies.cells.insert(10, _twin(hidden, "hidden-md", "markdown"))
+    copies.cells.append(_twin(_cells(copies, "setup")[0], "setup-again"))
+    copies.cells.insert(3, _twin(_cells(copies, "summary")[0], "summary-early"))
+    visible = _cells(copies, "check_when_to_write")[0]  # locked, scores nothing
+    copies.cells.insert(copies.cells.index(visible), _twin(visible, "visible-again"))
+    copies.cells.remove(_cells(copies, "check_when_to_write_hidden")[0])  # put back after a locked cell
+    notes = _twin(_cells(copies, "check_polar_to_cartesian")[0], "notes", "markdown", NOTES)  # a test cell's metadata
+    copies.cells.insert(copies.cells.index(_cells(copies, "polar_to_cartesian")[0]), notes)
+
+    answers = with_answers(course, SLUG, {**model, "linear": "class Linear:  # first try\n    pass"})
+    first = _cells(answers, "linear")[0]
+    answers.cells.insert(answers.cells.index(first) + 1, _twin(first, "pasted", source=model["linear"]))
+    polar = _cells(answers, "polar_to_cartesian")[0]  # the answer carries its check's metadata
+    polar.metadata.nbgrader = json.loads(json.dumps(_cells(answers, "check_polar_to_cartesian")[0].metadata.nbgrader))
+    _cells(answers, "check_clipped_relu_hidden")[0].metadata.nbgrader["grade"] = False
+    return {"t_copies": copies, "t_answers": answers}
+
+
 BROKEN = {
     "b_invalid_json": '{"cells": [',
     "b_wrong_nbformat": json.dumps({"nbformat": 99, "nbformat_minor": 0, "metadata": {}, "cells": []}),
@@ -66,7 +105,10 @@ BROKEN = {
 EXPECTED_FLAGS = {
     "t_deleted": "'check_linear' was deleted",
     "t_retyped": "changed from code to markdown",
-    "t_duplicated": "appears 2 times",
+    "t_duplicated": "'check_linear' appears 2 times (a copied cell?): cell 39 is taken as the released cell; "
+                    "dropped as unedited copies of a locked cell: cell 38",
+    "t_copies": "'check_clipped_relu_hidden' appears 6 times",
+    "t_answers": "kept as your own cells where they stand",
     "t_renamed": "unknown grade_id 'my_renamed_check'",
     "t_moved": "were out of the released order",
     "t_metadata": "the nbgrader metadata of cell",
@@ -87,6 +129,8 @@ def malformed(tmp_path_factory):
         submit_notebook(course, student, SLUG, nb)
     stock = clone(course, tmp_path_factory.mktemp("malformed-stock"))
     stock.autograde(SLUG)  # fails on t_duplicated (nbgrader 0.9.6 cannot repair it), grades the rest
+    for student, nb in _copied(course, model).items():
+        submit_notebook(course, student, SLUG, nb)
     assert grade(course, SLUG, "--student", "honest").returncode == 0
     before = rows(course)
     for student, text in BROKEN.items():
@@ -153,14 +197,24 @@ def test_cells_out_of_order_or_with_broken_metadata_are_repaired_and_graded(malf
                     and got["check_clipped_relu_hidden"] == full["check_clipped_relu_hidden"])
 
 
-def test_what_nbgrader_cannot_repair_is_failed_with_the_reason(malformed):
-    """A duplicated graded cell: nbgrader 0.9.6 fails on it (KeyError 'grade_id')."""
+def test_copied_cells_are_graded_the_released_one_wins_and_no_answer_is_lost(malformed):
+    """Cells claiming one grade_id (copies of a test, setup, summary or locked cell, before
+    and after it, as markdown; an answer carrying its check's metadata; a copied answer):
+    the released cell is graded, unedited copies of a locked cell are dropped, the others
+    run as the student's own, so each scores as the honest student, where stock nbgrader
+    0.9.6 fails the whole notebook (KeyError 'grade_id')."""
     course, stock = malformed[0], malformed[1]
-    for student in ("t_duplicated",):
-        row = _status(course)[student]
-        assert row["status"] == "failed" and "nbgrader cannot repair" in row["problems"], row
-        with Gradebook(stock.db_url) as theirs:
-            assert all(g.auto_score is None for g in theirs.find_submission_notebook(SLUG, SLUG, student).grades)
+    honest = course.scores(SLUG, "honest")
+    for student in ("t_duplicated", "t_copies", "t_answers"):
+        assert _status(course)[student]["status"] == "flagged", _status(course)[student]
+        assert course.scores(SLUG, student) == honest, student
+    with Gradebook(stock.db_url) as theirs:
+        assert all(g.auto_score is None for g in theirs.find_submission_notebook(SLUG, SLUG, "t_duplicated").grades)
+    copies = notebook(course, "autograded", "t_copies", SLUG)
+    assert [c.source for c in copies.cells if c.cell_type == "markdown" and "nbgrader" not in c.metadata].count(NOTES)
+    assert len([c for c in copies.cells if "Hidden tests" in c.source]) == 4  # the released one of each
+    answers = notebook(course, "autograded", "t_answers", SLUG)
+    assert [c.id for c in answers.cells if "first try" in c.source or c.id == "pasted"] == ["linear", "pasted"]
 
 
 def test_a_crash_stays_with_its_submission(malformed):
@@ -259,3 +313,17 @@ def test_feedback_for_submissions_graded_before(tmp_path):
     assert result.returncode == 0, result.stderr
     assert (course.root / "feedback" / "alice" / SLUG / f"{SLUG}.html").exists()
     assert "Feedback: 1 of 1 submissions" in result.stderr
+
+
+def test_cell_ids_nbformat_would_make_up_are_the_same_on_every_read():
+    """A copied cell keeps its id in the file; nbformat renames the copy at random as it reads
+    it (and names a cell without an id at random): the grader names them by their place, so a
+    regrade writes the same autograded notebook."""
+    from autograder.grader.prepare import read
+
+    nb = json.loads(nbformat.writes(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in "abc"])))
+    nb["cells"][1]["id"] = nb["cells"][0]["id"]
+    del nb["cells"][2]["id"]
+    data = json.dumps(nb).encode()
+    first, second = ([cell.id for cell in read(data).cells] for _ in range(2))
+    assert first == second and len(set(first)) == 3 and first[0] == nb["cells"][0]["id"], (first, second)

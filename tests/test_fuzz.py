@@ -78,6 +78,16 @@ def test_honest_students_keep_a_clean_runs_results(fuzzed):
     assert {k: v for k, v in after.items() if k[0] in HONEST or k[0] == "source"} == before
 
 
+def test_a_notebook_that_reads_is_never_rejected_whole(fuzzed):
+    """Cells copied, deleted, retyped or carrying another's metadata are repaired, and the
+    notebook is graded as far as it ran: nbgrader 0.9.6's own repair fails on many of them
+    (KeyError), which rejected the whole notebook."""
+    _, _, texts, _, status = fuzzed
+    rejected = {student: row["problems"] for student, row in status.items() if "cannot repair" in row["problems"]}
+    examples = {student: texts[int(student[1:])][:400] for student in list(rejected)[:3]}
+    assert not rejected, f"{len(rejected)} mutants rejected whole: {rejected}\nexamples: {examples}"
+
+
 def test_no_mutant_reaches_code_that_trusts_it(fuzzed):
     _, _, texts, _, status = fuzzed
     trusted = {student: row["problems"] for student, row in status.items()

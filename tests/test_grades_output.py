@@ -1,5 +1,7 @@
-"""What an instructor takes away from grading: an LMS-ready CSV with roster names, and
-grades.png with the total distribution, mean, median, even bins and statuses marked."""
+"""What an instructor takes away from grading: grades.csv (nbgrader's export, then late
+work), an LMS-ready CSV with roster names, the run's summary with late work, and grades.png
+with the total distribution, mean, median, bins that show a full score as full, and statuses
+marked."""
 from __future__ import annotations
 
 import csv
@@ -11,26 +13,32 @@ import statistics
 import subprocess
 import sys
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 from nbgrader.api import Gradebook
 from nbgrader.coursedir import CourseDirectory
+from nbgrader.plugins.export import CsvExportPlugin
+from rich.console import Console
 
-from autograder.grader import class_report
+from autograder.grader import class_report, discover
 from autograder.grader import course as grading_course
 from autograder.grader.preflight import load_config
 from autograder.grader.records import Options
 from grading import Course, points
 
 SLUG = "03_function_basics"
+DUE = datetime(2026, 3, 1, 12, 0)
 SCREENSHOTS = Path(__file__).resolve().parent.parent / ".test-screenshots"  # kept for a person to look at
 
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory) -> Course:
     """A released course with 12 scored submissions: two students on the roster with names
-    and e-mail, one flagged, one that failed (as last-run.csv says)."""
+    and e-mail, one flagged, one that failed (as last-run.csv says); due at DUE, s04 handed
+    in 30 minutes late (its time the LMS's, as zip_collect recorded it; nbgrader's penalty 2
+    points), s06 on time. Beside it, 02 with one submission (no due date) and 01 with none."""
     root = tmp_path_factory.mktemp("grades") / "course"
     root.mkdir()
     course = Course(root, [SLUG])
@@ -38,39 +46,95 @@ def graded(tmp_path_factory) -> Course:
     with Gradebook(course.db_url) as gb:
         gb.update_or_create_student("s01", first_name="Ada", last_name="Lovelace", email="ada@example.org")
         gb.update_or_create_student("s02", first_name="Alan", last_name="Turing")
+        gb.update_or_create_assignment(SLUG, duedate=DUE)
+        times = {"s04": DUE + timedelta(minutes=30), "s06": DUE - timedelta(hours=1)}
         for k in range(1, 13):
             student = f"s{k:02d}"
             gb.update_or_create_student(student)
-            submission = gb.add_submission(SLUG, student)
+            submission = gb.add_submission(SLUG, student, **({"timestamp": times[student]} if student in times else {}))
             notebook = submission.notebooks[0]
             for grade in notebook.grades:
                 grade.auto_score = rng.choice([0, grade.max_score, grade.max_score])
             notebook.flagged = student == "s05"
+            notebook.late_submission_penalty = 2.0 if student == "s04" else None
+        gb.update_or_create_assignment("01_tape_autograd")
+        gb.update_or_create_assignment("02_higher_order_and_fusion")
+        gb.add_submission("02_higher_order_and_fusion", "s01")
         gb.db.commit()
         gb.update_or_create_student("s13", first_name="Grace", last_name="Hopper")  # submitted nothing
     (root / "reports" / SLUG).mkdir(parents=True)
     (root / "reports" / SLUG / "last-run.csv").write_text("student,status\ns07,failed\ns01,graded\n")
+    with open(discover.record_path(root, SLUG), "w", newline="") as f:
+        writer = csv.DictWriter(f, discover.RECORD_FIELDS)
+        writer.writeheader()
+        writer.writerow({"download": "s04_attempt_2026-03-01-12-30-00_s04__03_function_basics.zip", "lms": "Timed",
+                         "student": "s04", "uploaded": "2026-03-01 12:30:00.000000 UTC", "written": "",
+                         "time_from": "lms", "lms_late": "", "outcome": "collected"})
     return course
 
 
 def _export(course: Course) -> None:
     coursedir = CourseDirectory(config=load_config(Options(root=course.root, db_url=course.db_url)))
-    grading_course._export(coursedir, coursedir.config, {SLUG})
+    grading_course._export(coursedir, {SLUG})
 
 
 def test_the_lms_csv_has_canvas_columns_roster_names_and_totals(graded):
+    """Canvas's columns; a column per graded assignment only, in course order (02 before 03,
+    though only 03 has a due date; 01, with no submission, has none); points after the late
+    penalty; how late, in a column of its own."""
     _export(graded)
     with open(graded.root / "grades-lms.csv", newline="") as f:
         rows = list(csv.reader(f))
-    assert rows[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", SLUG]
-    by_id = {row[2]: row for row in rows[1:]}
+    assert rows[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "02_higher_order_and_fusion", SLUG,
+                       f"{SLUG} late"]
+    by_id = {row[2]: dict(zip(rows[0], row)) for row in rows[1:]}
     assert len(by_id) == 13
-    assert by_id["s01"][:4] == ["Lovelace, Ada", "", "s01", "ada@example.org"]
-    assert by_id["s02"][:4] == ["Turing, Alan", "", "s02", "s02"]  # no e-mail: the id logs in
-    assert by_id["s03"][0] == "s03"  # not on a roster: the id
-    assert by_id["s13"][5] == ""  # nothing submitted: left empty, not a zero
+    assert list(by_id["s01"].values())[:4] == ["Lovelace, Ada", "", "s01", "ada@example.org"]
+    assert list(by_id["s02"].values())[:4] == ["Turing, Alan", "", "s02", "s02"]  # no e-mail: the id logs in
+    assert by_id["s03"]["Student"] == "s03"  # not on a roster: the id
+    assert by_id["s13"][SLUG] == "" and by_id["s13"][f"{SLUG} late"] == ""  # nothing submitted: empty, not a zero
+    assert by_id["s01"]["02_higher_order_and_fusion"] == "0" and by_id["s02"]["02_higher_order_and_fusion"] == ""
     with Gradebook(graded.db_url) as gb:
-        assert float(by_id["s04"][5]) == gb.find_submission(SLUG, "s04").score
+        assert float(by_id["s06"][SLUG]) == gb.find_submission(SLUG, "s06").score
+        assert float(by_id["s04"][SLUG]) == max(0.0, gb.find_submission(SLUG, "s04").score - 2)
+    assert by_id["s04"][f"{SLUG} late"] == "0:30:00 late, penalty 2" and by_id["s06"][f"{SLUG} late"] == ""
+
+
+def test_grades_csv_is_nbgraders_export_then_late_work(graded, tmp_path):
+    """Every row and column of `nbgrader export`, the same values, then how many seconds
+    late, where the time came from, and the LMS's word."""
+    _export(graded)
+    with Gradebook(graded.db_url) as gb:
+        CsvExportPlugin(to=str(tmp_path / "nbgrader.csv")).export(gb)
+    with open(tmp_path / "nbgrader.csv", newline="") as f:
+        stock = list(csv.reader(f))
+    with open(graded.root / "grades.csv", newline="") as f:
+        ours = list(csv.reader(f))
+    assert [row[:len(stock[0])] for row in ours] == stock and len(stock) == 1 + 3 * 13
+    assert ours[0][len(stock[0]):] == ["seconds_late", "time_from", "lms_late"]
+    late = {(row[0], row[3]): row[len(stock[0]):] for row in ours[1:]}
+    assert late[(SLUG, "s04")] == ["1800", "lms", ""] and late[(SLUG, "s06")] == ["0", "student", ""]
+    assert late[(SLUG, "s03")] == ["0", "", ""] and late[(SLUG, "s13")] == ["", "", ""]  # no time; nothing handed in
+
+
+def test_the_runs_summary_counts_late_work_and_lists_it():
+    """The summary's "late" column; the late hand-ins with how late, the penalty and where
+    the time came from; a hand-in the LMS marks late though its own time is not, too."""
+    def outcome(student: str, **late) -> class_report.Outcome:
+        return class_report.Outcome(discover.Submission(student, SLUG, "", Path(), **late), "graded")
+
+    outcomes = [outcome("ann", seconds_late=5400.0, late_penalty=2.0, time_from="lms"),
+                outcome("ben", time_from="student", lms_late="yes"), outcome("cat", time_from="student")]
+    console = Console(record=True, width=80)  # a terminal's, or a log's
+    console.print(class_report.summary(outcomes, [], 12.0, "bubblewrap"))
+    console.print(class_report.late_work(outcomes))
+    text = console.export_text()
+    row = next(line for line in text.splitlines() if line.startswith(f"│ {SLUG}"))
+    assert [cell.strip() for cell in row.split("│")[1:-1]][:6] == [SLUG, "3", "0", "0", "1", "0"], text
+    assert re.search(rf"{SLUG}/ann\s+│\s+1:30:00\s+│\s+2\s+│ LMS upload\s+│\s+│", text), text
+    assert re.search(rf"{SLUG}/ben\s+│\s+on time\s+│\s+0\s+│ student's clock\s+│ late\s+│", text), text
+    assert f"{SLUG}/cat" not in text
+    assert class_report.late_work(outcomes[2:]) is None
 
 
 def test_grades_png_shows_totals_statuses_mean_and_median(graded):
@@ -100,11 +164,35 @@ def test_grades_png_shows_totals_statuses_mean_and_median(graded):
     (SCREENSHOTS / "grades.png").write_bytes(png.read_bytes())
 
 
-def test_bins_are_even_and_cover_every_score():
-    for top in (1, 3, 10, 17.5, 42, 100, 260):
-        edges, width = class_report.even_bins(top)
-        assert edges[0] == 0 and edges[-1] >= top and len(edges) - 1 <= 20
-        assert all(abs((b - a) - width) < 1e-12 for a, b in zip(edges, edges[1:]))
+def test_bins_cover_every_score_and_give_the_full_score_a_bar_of_its_own():
+    import numpy as np
+
+    for top in (1, 3, 10, 15, 17.5, 28, 42, 100, 260):
+        width = class_report.bin_width(top)
+        assert top / width <= 30
+        for exact in (True, False):
+            edges = class_report.bin_edges(top, width, exact)
+            assert edges[0] <= 0 and edges[-1] > top and len(edges) - 1 <= 32
+            assert all(abs((b - a) - width) < 1e-9 for a, b in zip(edges, edges[1:-2]))  # one width, but the last two
+            below_top = top - (width if exact else min(width, 0.5) / 2)
+            counts = np.histogram([0, below_top, top], edges)[0]
+            assert counts[-1] == 1 and counts.sum() == 3, (top, exact, edges)  # the full score alone, in the last bar
+
+
+def test_a_full_score_is_drawn_as_full(tmp_path):
+    """15 of 15 is its own bar, named "15 full", never the 14-15 bar (the bars of a score each
+    where totals are whole points; from 0 in steps where they are not, the full score last)."""
+    for totals in ({"a": 15.0, "b": 15.0, "c": 14.0, "d": 7.0}, {"a": 15.0, "b": 15.0, "c": 14.75, "d": 7.0}):
+        found = class_report.Scores(totals, 15.0, {"exercise": ([t / 3 for t in totals.values()], 5.0)},
+                                    dict.fromkeys(totals, "graded"))
+        figure = class_report.draw(found, SLUG)
+        top = figure.axes[0]
+        bars = [bar for bars in top.containers for bar in bars if bar.get_height() > 0]
+        full = max(bars, key=lambda bar: bar.get_x())
+        assert full.get_height() == 2 and full.get_x() >= 14.5, [(b.get_x(), b.get_height()) for b in bars]
+        assert [t.get_text() for t in top.get_xticklabels()][-1] == "15\nfull"
+        SCREENSHOTS.mkdir(exist_ok=True)
+        figure.savefig(SCREENSHOTS / f"grades-full-score-{'whole' if totals['c'] == 14 else 'partial'}.png", dpi=100)
 
 
 def _in_a_terminal(course: Course, *args: str, columns: int = 80) -> tuple[int, str, float, list[str]]:

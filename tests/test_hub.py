@@ -148,7 +148,7 @@ def _hand_in(student: Student) -> None:
     typed = next(line for line in student.answer.splitlines() if line.strip() and line not in on_disk)
     hand_in = f'hand_in("{name}")'
     browser.type_into(page, 'hand_in("")', authoring.HAND_IN_CELL.format(slug=SLUG).replace('hand_in("")', hand_in))
-    browser.run_cell(page, hand_in, "Handed in")
+    browser.run_cell(page, hand_in, "submit it in the Assignment List")  # on a hub, where the class submits
     browser.element_screenshot(browser.cell(page, hand_in), f"hub-{name}-handed-in")
     with zipfile.ZipFile(student.home / SLUG / f"{name}__{SLUG}.zip") as handed:
         inside = nbformat.reads(handed.read(f"{name}/{SLUG}/{SLUG}.ipynb").decode(), as_version=4)

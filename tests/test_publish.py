@@ -3,8 +3,10 @@ and the released notebooks, built by `make publish`, searched for the distinctiv
 every solution, hidden test and quiz key."""
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -62,7 +64,8 @@ def public(tmp_path_factory) -> Path:
 
 def test_the_public_repository_holds_the_student_package_and_the_released_notebooks_only(public):
     top = sorted(p.name for p in public.iterdir())
-    assert top == [".gitignore", "LICENSE", "README.md", "autograder", "course", "pyproject.toml"]
+    assert top == [".autograder-publish", ".gitignore", "LICENSE", "README.md", "autograder", "course",
+                   "pyproject.toml"]
     assert sorted(p.name for p in (public / "autograder").iterdir() if p.name != "__pycache__") == \
         ["__init__.py", "checks", "exercises", "student"]
     assert publish.released() == sorted(p.name for p in (public / "course").iterdir())
@@ -142,12 +145,14 @@ def self_study(tmp_path_factory) -> Path:
 
 
 def test_the_self_study_edition_has_its_own_address_and_speaks_to_a_learner_alone(self_study):
-    """Its package, links and every notebook's setup cell name the self-study repository; no
-    notebook has a hand-in cell, and no text speaks of handing in or of an instructor."""
+    """Its package (a distribution of its own), links and every notebook's setup cell name the
+    self-study repository; no notebook has a hand-in cell or a hidden test cell, and no text
+    speaks of handing in or of an instructor."""
     mine, class_edition = authoring.student_repository(self_study=True), authoring.student_repository()
     assert mine != class_edition
     readme = (self_study / "README.md").read_text()
-    assert f'Repository = "{mine}"' in (self_study / "pyproject.toml").read_text()
+    project = (self_study / "pyproject.toml").read_text()
+    assert f'Repository = "{mine}"' in project and f'name = "{authoring.SELF_STUDY_DISTRIBUTION}"' in project
     assert mine.removeprefix("https://github.com/") in readme and class_edition not in readme
     speaks_of_grading = re.compile(r"\bhand(ed)? in\b|instructor|graded when|upload", re.IGNORECASE)
     assert not speaks_of_grading.search(readme), speaks_of_grading.search(readme)
@@ -155,6 +160,8 @@ def test_the_self_study_edition_has_its_own_address_and_speaks_to_a_learner_alon
         nb = nbformat.read(path, as_version=4)
         assert not [c for c in nb.cells if authoring.HAND_IN_TAG in c.metadata.get("tags", [])], path.name
         assert next(c for c in nb.cells if c.cell_type == "code").source == authoring.setup_source(self_study=True)
+        hidden = [c.metadata.nbgrader.grade_id for c in nb.cells if "# Hidden tests" in c.source]
+        assert not hidden, (path.name, hidden)  # this edition has none: no cell says it has
         for cell in nb.cells:
             if cell.cell_type == "markdown":
                 assert not speaks_of_grading.search(cell.source), (path.name, speaks_of_grading.search(cell.source))
@@ -200,3 +207,114 @@ def test_publish_help_names_the_configuration_keys():
     shown = subprocess.run([str(Path(sys.executable).with_name("autograder")), "publish", "--help"],
                            capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
     assert "[tool.autograd-course] student-repository" in shown.stdout and "self-study-repository" in shown.stdout
+
+
+def _snapshot(folder: Path) -> dict[str, bytes | None]:
+    """Every path under `folder` with its bytes (None: a folder)."""
+    return {str(p.relative_to(folder)): (None if p.is_dir() else p.read_bytes()) for p in sorted(folder.rglob("*"))}
+
+
+def _refused(out: Path, root: Path = authoring.ROOT, self_study: bool = False, kept: Path | None = None) -> str:
+    """publish.build's one-line refusal; nothing under `kept` (`out`'s parent) changed."""
+    kept = kept or out.parent
+    before = _snapshot(kept)
+    with pytest.raises(publish.PublishError) as refusal:
+        publish.build(out, root, self_study=self_study)
+    assert _snapshot(kept) == before
+    message = str(refusal.value)
+    assert "\n" not in message, message
+    return message
+
+
+def _private_course(folder: Path) -> Path:
+    """A clone of an instructor's private course, as `make` left it: its environment, solutions,
+    gradebook, submissions and grading secret, with the package's own pyproject.toml."""
+    for name, text in (("nbgrader_config.py", "c = get_config()\n"), ("solutions/03/03.ipynb", "{}"),
+                       ("gradebook.db", "SQLite"), ("submitted/alice/03/03.ipynb", "{}"),
+                       (".autograder/secret", "ab" * 32), (".venv/bin/python", "#!"), ("course/03/03.ipynb", "{}")):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    shutil.copy(authoring.ROOT / "pyproject.toml", folder)
+    return folder
+
+
+def test_autograder_publish_dot_in_a_course_refuses_in_one_line_and_loses_nothing(tmp_path):
+    """`cd COURSE && autograder publish .` once deleted the working tree, its .venv included."""
+    course = _private_course(tmp_path / "course")
+    before = _snapshot(course)
+    result = subprocess.run([str(Path(sys.executable).with_name("autograder")), "publish", "."], cwd=course,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == "", result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "a course's own files" in lines[0] and "nbgrader_config.py" in lines[0], lines
+    assert "Traceback" not in result.stderr and _snapshot(course) == before
+
+
+@pytest.mark.parametrize("what", ["nbgrader_config.py", "solutions", "gradebook.db", "submitted", ".autograder"])
+def test_publish_never_writes_where_a_course_keeps_its_own_files(tmp_path, what):
+    """Even in a folder an earlier publish wrote: a course's folder is never the public repository."""
+    out = publish.build(tmp_path / "public")
+    target = out / what / "secret" if what == ".autograder" else out / what
+    target.parent.mkdir(exist_ok=True)
+    target.write_text("the instructor's")
+    assert f"a course's own files ({what})" in _refused(out)
+
+
+def test_publish_refuses_the_course_root_and_every_folder_above_it(tmp_path):
+    root = _private_course(tmp_path / "courses" / "autograd")
+    (root / "nbgrader_config.py").unlink()  # even without its own files, the root is the root
+    assert "is the course root" in _refused(root, root)
+    for above in (root.parent, tmp_path):
+        # what is kept is the test's own folder: above it lie every other test's files
+        assert f"a folder above the course root {root}" in _refused(above, root, kept=tmp_path)
+
+
+def test_publish_refuses_a_folder_it_did_not_write_and_says_what_is_there(tmp_path):
+    out = tmp_path / "notes"
+    (out / "drafts").mkdir(parents=True)
+    (out / "plan.md").write_text("week 1")
+    line = _refused(out)
+    assert "did not write it" in line and "drafts, plan.md" in line, line
+
+
+def test_publish_replaces_what_it_wrote_before_and_nothing_else(tmp_path):
+    """A folder publish wrote, with a file of the instructor's beside (a CI workflow), a file
+    only an earlier build wrote (a notebook since removed), and one the build would replace
+    that it did not write."""
+    out = publish.build(tmp_path / "public")
+    workflow = out / ".github" / "workflows" / "check.yml"
+    workflow.parent.mkdir(parents=True)
+    workflow.write_text("the instructor's")
+    marker = json.loads((out / publish.MARKER).read_text())
+    (out / "course" / "99_removed").mkdir()
+    (out / "course" / "99_removed" / "99_removed.ipynb").write_text("{}")
+    marker["files"].append("course/99_removed/99_removed.ipynb")
+    (out / publish.MARKER).write_text(json.dumps(marker))
+    (out / "README.md").write_text("edited after publishing")  # publish's own file: written again
+    publish.build(out)
+    assert workflow.read_text() == "the instructor's" and not (out / "course" / "99_removed").exists()
+    assert (out / "README.md").read_text().startswith("# Autograd, from the inside")
+    assert ".github/workflows/check.yml" not in json.loads((out / publish.MARKER).read_text())["files"]
+    marker = json.loads((out / publish.MARKER).read_text())
+    marker["files"].remove("README.md")  # a README.md of the instructor's, which publish would replace
+    (out / publish.MARKER).write_text(json.dumps(marker))
+    line = _refused(out)
+    assert "holds README.md, which `autograder publish` did not write" in line, line
+
+
+def test_a_clone_of_the_public_repository_is_published_into(tmp_path):
+    """The marker is committed with the content, so a fresh clone of the public repository is
+    publish's own folder."""
+    def git(*args: str, cwd: Path) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.org", *args], cwd=cwd, check=True,
+                       capture_output=True)
+
+    first = _clone_of(tmp_path / "first", authoring.student_repository())
+    publish.build(first)
+    git("add", "-A", cwd=first)
+    git("commit", "-qm", "published", cwd=first)
+    git("clone", "-q", str(first), str(tmp_path / "second"), cwd=tmp_path)
+    publish.build(tmp_path / "second")
+    published = {name: data for name, data in _snapshot(first).items() if not name.startswith(".git/")}
+    assert {name: data for name, data in _snapshot(tmp_path / "second").items()
+            if not name.startswith(".git/")} == published

@@ -439,6 +439,9 @@ class Checkpointing:
     missing: str  # why backward found no recomputed tensor (an error in backward)
     recomputes: str  # why run ran more than once in backward
     keeps: str  # what the graph keeps, for the passing message
+    # why a recomputed tensor alive after backward's last read of it is wrong; None where nothing is
+    # promised about it (8.3's backward is one step, which no other step follows)
+    lets_go: str | None = None
 
     def budget(self, names: Sequence[str]) -> Budget:
         def unneeded(s: Saved, recording: Recording, needs: Needs) -> str | None:
@@ -512,6 +515,12 @@ HOOKED = Checkpointing(
     ),
     keeps="keeps none of the tensors run saves after forward, only run's inputs (which the caller holds "
           "anyway), and after backward nothing",
+    lets_go=(
+        "unpack must let go of the recomputed tensor it returns (`recomputed.pop(handle)`): backward reads each "
+        "saved tensor once, and a tensor your hooks still hold after that stays alive beside everything backward "
+        "computes next, until the block's whole backward is over (torch's checkpoint frees each one as soon as it "
+        "is read). Keep each recomputed tensor in one place only, and drop it when you hand it out."
+    ),
 )
 
 BLOCKS = {
@@ -558,8 +567,9 @@ def check_checkpoint(student: Any, *, shapes: Sequence[Sequence[int]] = ((3, 4),
 def check_checkpoint_with_hooks(student: Any, *, shapes: Sequence[Sequence[int]] = ((3, 4),),
                                 seed: int | None = 0) -> None:
     """checkpoint_with_hooks(run, *inputs) = run(*inputs), recorded as usual, its saved
-    tensors replaced by handles and recomputed at the first unpack of a backward, with the
-    same random numbers as forward and the caller's generator left alone."""
+    tensors replaced by handles and recomputed at the first unpack of a backward, each let
+    go of once backward has read it, with the same random numbers as forward and the
+    caller's generator left alone."""
     __tracebackhide__ = True
     _check_checkpointing(HOOKED, student, shapes, seed)
 
@@ -581,8 +591,9 @@ def _check_checkpointing(kind: Checkpointing, student: Any, shapes: Sequence[Seq
                               int(torch.randint(2**31, (1,), generator=generator)))
     passed(f"{kind.name} {kind.keeps}: for run = {BLOCKS['residual_tanh'][1]} and run = {BLOCKS['scaled_sin'][1]}.")
     passed(f"{kind.name} with dropout inside: the same output and gradients as the block itself, from the same "
-           "random numbers, for every combination of inputs that require grad; run recomputed once in backward; "
-           "backward leaves the caller's random generator alone.")
+           "random numbers, for every combination of inputs that require grad; run recomputed once in backward"
+           + ("; each recomputed tensor let go of once backward has read it" if kind.lets_go else "")
+           + "; backward leaves the caller's random generator alone.")
     for block in ("residual_tanh", "scaled_sin"):
         fn, formula = BLOCKS[block]
         spec = FunctionSpec(
@@ -612,6 +623,7 @@ def _check_random(kind: Checkpointing, student: Any, args: tuple, seed: int) -> 
     try:
         error = probe.ProbeError.from_data(found["error"])
         output, grads, kept, calls = found["output"], found["grads"], bool(found["generator_kept"]), int(found["calls"])
+        held, needed = int(found["held"]), int(found["needed"])
     except (KeyError, TypeError, ValueError) as bad:
         raise probe.Malformed(f"malformed checkpoint report: {bad}") from None
     shapes = ", ".join(f"{n} of shape {tuple(a.shape)}" for n, a in zip(names, args))
@@ -652,6 +664,10 @@ def _check_random(kind: Checkpointing, student: Any, args: tuple, seed: int) -> 
             cause="restore the generator state only inside `with torch.random.fork_rng():`, which puts the "
             "caller's state back when the block ends.",
         )
+    if kind.lets_go and held > 0:
+        fail(f"{name}: during backward, {held} bytes of recomputed tensors were still alive after the last step of "
+             f"backward that read them (at the start of a later step, where the steps to come needed {needed} "
+             "bytes of them).", *shown, cause=kind.lets_go)
 
 
 # --- Exercise: saved-tensor hooks that compress to bfloat16 --------------------------------

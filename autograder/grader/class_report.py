@@ -2,19 +2,20 @@
 from __future__ import annotations
 
 import csv
+import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, AbstractSet
+from typing import TYPE_CHECKING, AbstractSet, Any
 
 import nbformat
 from nbgrader import utils
 from nbgrader.api import Gradebook, MissingEntry
 from rich.table import Table
 
-from .discover import Submission
+from .discover import Submission, time_source, time_sources
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -38,19 +39,50 @@ class Outcome:
 
 def summary(outcomes: list[Outcome], skipped: list[Submission], seconds: float, isolation: str) -> Table:
     table = Table(title=f"Grading summary ({isolation})", title_justify="left")
-    for column in ("assignment", "graded", "flagged", "failed", "skipped (done before)", "time"):
-        table.add_column(column, justify="left" if column == "assignment" else "right")
     assignments = sorted({o.submission.assignment for o in outcomes} | {s.assignment for s in skipped})
+    table.add_column("assignment", no_wrap=True, min_width=max(map(len, assignments), default=0))  # (never cut)
+    for column in ("graded", "flagged", "failed", "late", "skipped (done before)", "time"):
+        table.add_column(column, justify="right")
     for assignment in assignments:
         counts = Counter(o.status for o in outcomes if o.submission.assignment == assignment)
+        late = sum(o.submission.seconds_late > 0 for o in outcomes if o.submission.assignment == assignment)
         busy = sum(o.seconds for o in outcomes if o.submission.assignment == assignment)
         table.add_row(
-            assignment, str(counts["graded"]), str(counts["flagged"]), str(counts["failed"]),
+            assignment, str(counts["graded"]), str(counts["flagged"]), str(counts["failed"]), str(late),
             str(sum(s.assignment == assignment for s in skipped)), f"{busy:.1f} s",
         )
     table.caption = (f"{len(outcomes)} graded in {seconds:.1f} s; flagged and failed submissions need a "
                      "person (formgrader).")
     return table
+
+
+TIME_FROM = {"lms": "LMS upload", "student": "student's clock", "": "none"}  # where a hand-in's time came from
+LMS_SAYS = {"yes": "late", "no": "on time", "": ""}
+
+
+def late_work(outcomes: list[Outcome]) -> Table | None:
+    """The submissions graded late in this run (nbgrader's due date and extensions), with the
+    penalty nbgrader took and where the time came from; also those the LMS marks late though
+    their time is not. None when there are none."""
+    late = [o for o in outcomes if o.submission.seconds_late > 0 or o.submission.lms_late == "yes"]
+    if not late:
+        return None
+    table = Table(title="Late hand-ins", title_justify="left")
+    table.add_column("submission", no_wrap=True, min_width=max(len(o.submission.key) for o in late))
+    for column in ("late by", "penalty", "time from", "LMS says"):
+        table.add_column(column, justify="left" if column in ("time from", "LMS says") else "right", no_wrap=True)
+    for o in late:
+        s = o.submission
+        table.add_row(s.key, late_by(s.seconds_late) or "on time", f"{s.late_penalty:g}", TIME_FROM[s.time_from],
+                      LMS_SAYS.get(s.lms_late, ""))
+    table.caption = ("\"student's clock\": the hand-in's own timestamp.txt, which the student can set; in a "
+                     "dispute, the LMS's record counts.")
+    return table
+
+
+def late_by(seconds: float) -> str:
+    """How late, as "0:30:00" or "2 days, 3:04:05"; "" when on time."""
+    return str(timedelta(seconds=round(seconds))) if seconds > 0 else ""
 
 
 def problems(outcomes: list[Outcome]) -> Table:
@@ -125,21 +157,29 @@ def scores(db_url: str, course_id: str, assignment: str, source: Path,
     return Scores(totals, top, per_exercise, statuses)
 
 
-def even_bins(top: float, most_bins: int = 20) -> tuple[list[float], float]:
-    """Bin edges from 0 to (at least) `top`, all of one width: 1, 2 or 5 times a power of
-    ten, the smallest that needs at most `most_bins` bins (0.5 when points come in halves)."""
-    top = max(top, 1.0)
-    width = 0.5
-    while top / width > most_bins:
+def bin_width(top: float, whole: bool = True, most_bins: int = 30) -> float:
+    """The width of the bars: 1, 2 or 5 times a power of ten (0.5 when points are not all
+    whole), the smallest that needs at most `most_bins` bars from 0 to `top`."""
+    width = 1.0 if whole else 0.5
+    while max(top, 1.0) / width > most_bins:
         width = next(w * 10 ** k for k in range(-1, 10) for w in (1, 2, 5) if w * 10 ** k > width)
-    count = int(-(-top // width))
-    return [i * width for i in range(count + 1)], width
+    return width
+
+
+def bin_edges(top: float, width: float, exact: bool) -> list[float]:
+    """Bar edges that show a full score as full. `exact` (every total a multiple of `width`):
+    a bar centred on each score from 0 to `top`. Else bars from 0 that each hold the totals
+    from their left edge up to the next, and the full score a bar of its own."""
+    if exact:
+        return [(k - 0.5) * width for k in range(round(top / width) + 2)]
+    return [k * width for k in range(math.ceil(top / width))] + [top, top + width]
 
 
 def plot(db_url: str, course_id: str, assignment: str, source: Path, out: Path,
          failed: AbstractSet[str] = frozenset()) -> Path | None:
-    """The class's total points (bins of one width, stacked by status: graded, flagged for
-    review, failed; mean and median marked) above each exercise's mean share of its points."""
+    """The class's total points (bin_edges: the full score a bar of its own; stacked by status:
+    graded, flagged for review, failed; mean and median marked) above each exercise's mean
+    share of its points."""
     found = scores(db_url, course_id, assignment, source, failed)
     if not found.totals:
         return None
@@ -155,7 +195,9 @@ def draw(found: Scores, assignment: str) -> Figure:
 
     students = sorted(found.totals)
     totals = [found.totals[s] for s in students]
-    edges, width = even_bins(found.top)
+    width = bin_width(found.top, all(float(t).is_integer() for t in [*totals, found.top]))
+    exact = all(float(t / width).is_integer() for t in [*totals, found.top])
+    edges = bin_edges(found.top, width, exact)
     figure = Figure(figsize=(9, 7.5))
     top_ax, bottom_ax = figure.subplots(2, 1, gridspec_kw={"height_ratios": [3, 2]})
     stacks, labels, colours = [], [], []
@@ -168,8 +210,16 @@ def draw(found: Scores, assignment: str) -> Figure:
     mean, median = statistics.fmean(totals), statistics.median(totals)
     top_ax.axvline(mean, color="black", linestyle="-", linewidth=1.5, label=f"mean {mean:.1f}")
     top_ax.axvline(median, color="#8c8c8c", linestyle=(0, (4, 3)), linewidth=2.5, zorder=3, label=f"median {median:g}")
-    top_ax.set_xlim(0, edges[-1])
-    top_ax.set_xlabel(f"total points (of {found.top:g}; bins of {width:g})")
+    top_ax.set_xlim(edges[0], edges[-1])
+    # Each bar named by its score (exact), or by where it starts: at most 16 names, always the
+    # last bar's, the full score.
+    marks = [(lo + hi) / 2 for lo, hi in zip(edges, edges[1:])] if exact else edges[:-1]
+    every = math.ceil(len(marks) / 16)
+    names = [f"{mark:g}" if (len(marks) - 1 - k) % every == 0 else "" for k, mark in enumerate(marks)]
+    names[-1] += "\nfull"
+    top_ax.set_xticks(marks, names, fontsize=8)
+    bars = f"a bar per score, in steps of {width:g}" if exact else f"each bar from its mark up to the next ({width:g})"
+    top_ax.set_xlabel(f"total points (of {found.top:g}; {bars})")
     top_ax.set_ylabel("submissions")
     top_ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     # Beside the axes, never over them: no bar is hidden, however the totals fall.
@@ -194,31 +244,85 @@ LMS_HEADER = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
 
 
 def write_lms(gb: Gradebook, out: Path) -> None:
-    """Grades for an LMS import: one row per student of the gradebook, one column of total
-    points per assignment (empty where nothing was submitted).
+    """Grades for an LMS import: one row per student of the gradebook, one column per graded
+    assignment (one with a submission in the gradebook), in course order (by name: 01_...,
+    02_...), of the points after nbgrader's late penalty (empty where nothing was submitted);
+    then, for each graded assignment with late work, a column "ASSIGNMENT late": how late
+    and the penalty taken.
 
-    Canvas's gradebook import reads exactly this shape (Student, ID, SIS User ID, SIS Login
-    ID, Section, then one column per assignment; a column named like no assignment creates
-    one). Moodle's CSV import takes any columns: map "SIS User ID" to the ID number (or
-    "SIS Login ID" to the e-mail address) and each assignment to its grade item. The
-    names come from the roster (`nbgrader db student import roster.csv`); without one,
-    Student is the student id. SIS Login ID is the e-mail where the roster has one.
+    Only graded assignments: an empty column in Canvas's import creates an assignment of its
+    name, and blanks a grade entered there by hand. Canvas's gradebook import reads exactly
+    this shape (Student, ID, SIS User ID, SIS Login ID, Section, then one column per
+    assignment; it lists a column named like no assignment, such as the late ones, for you to
+    ignore or create). Moodle's CSV import takes any columns: map "SIS User ID" to the ID
+    number (or "SIS Login ID" to the e-mail address), each assignment to its grade item, and
+    a late column to Ignore or to the item's feedback. The names come from the roster
+    (`nbgrader db student import roster.csv`); without one, Student is the student id. SIS
+    Login ID is the e-mail where the roster has one.
     """
-    assignments = [a.name for a in sorted(gb.assignments, key=lambda a: (a.duedate is None, a.duedate, a.name))]
+    graded = [a.name for a in sorted(gb.assignments, key=lambda a: a.name) if a.submissions]
+    late = [a for a in graded if any(s.total_seconds_late > 0 for s in gb.assignment_submissions(a))]
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
-        writer.writerow(LMS_HEADER + assignments)
+        writer.writerow(LMS_HEADER + graded + [f"{a} late" for a in late])
         for student in sorted(gb.students,
                               key=lambda s: ((s.last_name or "").lower(), (s.first_name or "").lower(), s.id)):
             name = ", ".join(part for part in (student.last_name, student.first_name) if part) or student.id
-            row = [name, "", student.id, student.email or student.id, ""]
-            for assignment in assignments:
+            found = {}
+            for assignment in graded:
                 try:
-                    row.append(f"{gb.find_submission(assignment, student.id).score:g}")
+                    found[assignment] = gb.find_submission(assignment, student.id)
                 except MissingEntry:
-                    row.append("")
-            writer.writerow(row)
+                    pass
+            points = [f"{max(0.0, found[a].score - found[a].late_submission_penalty):g}" if a in found else ""
+                      for a in graded]
+            lateness = [_late_note(found[a]) if a in found else "" for a in late]
+            writer.writerow([name, "", student.id, student.email or student.id, ""] + points + lateness)
+
+
+def _late_note(submission: Any) -> str:
+    """ "0:30:00 late, penalty 2" for a late submission (nbgrader's SubmittedAssignment), else ""."""
+    late = late_by(submission.total_seconds_late)
+    penalty = submission.late_submission_penalty
+    return f"{late} late" + (f", penalty {penalty:g}" if penalty else "") if late else ""
+
+
+# nbgrader export's columns, as `nbgrader export` writes them, then ours (at the end, so a
+# reader of nbgrader's file reads this one).
+NBGRADER_EXPORT = ["assignment", "duedate", "timestamp", "student_id", "last_name", "first_name", "email",
+                   "raw_score", "late_submission_penalty", "score", "max_score"]
+GRADES_FIELDS = NBGRADER_EXPORT + ["seconds_late", "time_from", "lms_late"]
+
+
+def write_grades(gb: Gradebook, out: Path, root: Path) -> None:
+    """grades.csv: `nbgrader export`'s rows and columns, the same values as it writes them
+    (quoted where a value holds a comma, which nbgrader's does not), then how many seconds
+    late each submission is (nbgrader's count: due date and extensions), where its time came
+    from ("lms": the LMS's upload time; "student": the hand-in's own timestamp.txt, written on
+    the student's machine) and the LMS's own word on its lateness ("yes", "no"; empty where
+    the LMS's download says nothing)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(GRADES_FIELDS)
+        students = gb.students
+        for assignment in gb.assignments:
+            sources = time_sources(root, assignment.name)
+            for student in students:
+                row: list[Any] = [assignment.name, assignment.duedate, "", student.id, student.last_name,
+                                  student.first_name, student.email, 0.0, 0.0, 0.0, assignment.max_score, "", "", ""]
+                try:
+                    submission = gb.find_submission(assignment.name, student.id)
+                except MissingEntry:
+                    pass
+                else:
+                    penalty, source = submission.late_submission_penalty, time_source(
+                        sources, student.id, submission.timestamp)
+                    row[2], row[7], row[8] = submission.timestamp, submission.score, penalty
+                    row[9] = max(0.0, submission.score - penalty)
+                    row[11:] = [f"{submission.total_seconds_late:.0f}", source.time_from, source.lms_late]
+                writer.writerow(["" if value is None else str(value) for value in row])
 
 
 def read_failed(status_csv: Path) -> set[str]:

@@ -15,7 +15,6 @@ from typing import Any
 
 from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.coursedir import CourseDirectory
-from nbgrader.plugins.export import CsvExportPlugin
 from rich.console import Console
 from sqlalchemy.exc import OperationalError
 from traitlets.config import Config
@@ -74,7 +73,7 @@ def _grade_submissions(options: Options, config: Config, pool: Workers, console:
             [o for o in outcomes if o.submission.assignment == assignment],
             options.root / REPORTS / assignment / "last-run.csv",
         )
-    _export(coursedir, config, {s.assignment for s in submissions})  # its plots read the status files
+    _export(coursedir, {s.assignment for s in submissions})  # its plots read the status files
     if options.feedback:  # graded now or before: feedback is for every submission that has none up to date
         wanted = sorted({s.assignment for s in submissions})
         progress.phase(f"writing feedback for {', '.join(wanted)} (nbgrader generate_feedback, hidden "
@@ -241,12 +240,13 @@ def _outcome(submission: discover.Submission, notebook_results: list[results.Not
     )
 
 
-def _export(coursedir: CourseDirectory, config: Config, assignments: set[str]) -> None:
-    """grades.csv as `nbgrader export` writes it; grades-lms.csv for Canvas and Moodle; a
-    plot of each assignment's totals and exercises (failed submissions as last-run.csv says)."""
+def _export(coursedir: CourseDirectory, assignments: set[str]) -> None:
+    """grades.csv as `nbgrader export` writes it, with late work in columns at its end;
+    grades-lms.csv for Canvas and Moodle; a plot of each assignment's totals and exercises
+    (failed submissions as last-run.csv says)."""
     root = Path(coursedir.root)
     with Gradebook(coursedir.db_url, coursedir.course_id) as gb:
-        CsvExportPlugin(config=config, to=str(root / GRADES_CSV)).export(gb)
+        class_report.write_grades(gb, root / GRADES_CSV, root)
         class_report.write_lms(gb, root / LMS_CSV)
     for assignment in sorted(assignments):
         source = Path(coursedir.format_path(coursedir.source_directory, ".", assignment))

@@ -5,19 +5,19 @@ skipped without a word), and every folder in it an assignment. What the folders 
 listed without following anything (:mod:`.untrusted`): a notebook or file that is a
 symbolic link, a FIFO, a device or a directory is refused with the reason, and a student
 or assignment folder that is a link makes the whole submission ungradable (it is recorded
-as such, with zero points and a flag).
+as such, with zero points and a flag). Where each submission's time came from (the LMS's
+upload time, or the student's own timestamp.txt) is read from zip_collect's record.
 """
 from __future__ import annotations
 
+import csv
 import fnmatch
 import os
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from nbgrader.coursedir import CourseDirectory
-from nbgrader.plugins import FileNameCollectorPlugin
 from nbgrader.utils import find_all_files, parse_utc
 
 from . import untrusted
@@ -26,6 +26,8 @@ NOTEBOOK_BYTES = 50 << 20  # a submitted notebook larger than this is not read
 FILE_BYTES = 64 << 20  # any other file
 FILES_BYTES = 256 << 20  # all of a submission's other files together
 TIMESTAMP = "timestamp.txt"
+RECORD = "hand-ins.csv"  # in reports/ASSIGNMENT/: every download and what became of it
+RECORD_FIELDS = ["download", "lms", "student", "uploaded", "written", "time_from", "lms_late", "outcome"]
 
 
 @dataclass
@@ -37,6 +39,10 @@ class Submission:
     root: str  # the submitted/ folder: paths are read from it, component by component
     source: Path  # the assignment's source folder (the instructor's files, trusted)
     timestamp: datetime | None = None
+    time_from: str = ""  # where the time came from: "lms", "student" (its timestamp.txt) or "" (handins.TimeSource)
+    lms_late: str = ""  # the LMS's own word on lateness, where its download said ("yes", "no")
+    seconds_late: float = 0.0  # how late nbgrader counts it (due date and extension), once saved (writer)
+    late_penalty: float = 0.0  # the points nbgrader's late penalty took, once saved
     notebooks: list[str] = field(default_factory=list)  # names of the notebooks handed in
     extra: list[str] = field(default_factory=list)  # the student's other files, relative paths
     refused: list[tuple[str, str]] = field(default_factory=list)  # (entry, why it was not used)
@@ -88,7 +94,8 @@ def students(coursedir: CourseDirectory) -> list[str]:
 
 
 def find(coursedir: CourseDirectory, assignments: list[str], only: list[str]) -> list[Submission]:
-    """Submissions of the given assignments and students (empty lists: all), sorted."""
+    """Submissions of the given assignments and students (empty lists: all), sorted, each
+    with where its time came from (zip_collect's record, reports/ASSIGNMENT/hand-ins.csv)."""
     root = str(Path(coursedir.format_path(coursedir.submitted_directory, ".", ".")).resolve())
     found = []
     for student in only or students(coursedir):
@@ -106,6 +113,10 @@ def find(coursedir: CourseDirectory, assignments: list[str], only: list[str]) ->
             reason = None
         for assignment in handed_in:
             found.append(_submission(coursedir, root, student, assignment, reason))
+    sources = {a: time_sources(coursedir.root, a) for a in {s.assignment for s in found}}
+    for submission in found:
+        source = time_source(sources[submission.assignment], submission.student, submission.timestamp)
+        submission.time_from, submission.lms_late = source.time_from, source.lms_late
     return sorted(found, key=lambda s: (s.assignment, s.student))
 
 
@@ -152,34 +163,44 @@ def is_done(coursedir: CourseDirectory, submission: Submission) -> bool:
     return not (submission.timestamp and graded_at and submission.timestamp > graded_at)
 
 
-class HandInCollector(FileNameCollectorPlugin):  # type: ignore[misc]  # (nbgrader is untyped)
-    """`nbgrader zip_collect`'s collector for hand_in() zips (nbgrader_config.py names it):
-    the student and the notebook come from the path (`named_regexp`), as with nbgrader's own
-    collector, and the time from the timestamp.txt beside the notebook, which is collected
-    too. So submitted/ holds each hand-in's own time (formgrader, grades.csv and the late
-    penalty read it), and of two hand-ins of one student the later one is kept.
-
-    A timestamp.txt that is not a time nbgrader reads gives no time (nbgrader would stop the
-    whole collection on it); the notebook is collected all the same.
-    """
-
-    def collect(self, submitted_file: str) -> dict[str, Any] | None:
-        folder, name = os.path.split(submitted_file)
-        if name != TIMESTAMP:
-            info = super().collect(submitted_file)
-            return info and {**info, **_written_time(folder)}
-        notebooks = sorted(entry.path for entry in os.scandir(folder) if entry.name.endswith(".ipynb"))
-        info = self._match(notebooks[0]) if notebooks else None
-        when = _written_time(folder)
-        return {**info, "file_id": TIMESTAMP, **when} if info and when else None
+def record_path(root: str | os.PathLike[str], assignment: str) -> Path:
+    """zip_collect's record of an assignment's downloads (handins.HandInExtractor writes it)."""
+    return Path(root) / "reports" / assignment / RECORD
 
 
-def _written_time(folder: str) -> dict[str, Any]:
-    """{"timestamp": the text of folder's timestamp.txt} if it is a time nbgrader reads, else {}."""
+def read_record(path: Path) -> list[dict[str, str]]:
     try:
-        with open(os.path.join(folder, TIMESTAMP), encoding="utf-8") as f:
-            text = f.read(1024).strip()
-        parse_utc(text)
-    except (OSError, ValueError, OverflowError):
-        return {}
-    return {"timestamp": text}
+        with open(path, newline="", encoding="utf-8") as f:
+            return [{k: row.get(k) or "" for k in RECORD_FIELDS} for row in csv.DictReader(f)]
+    except OSError:
+        return []
+
+
+@dataclass(frozen=True)
+class TimeSource:
+    """Where a hand-in's time came from, as the instructor reads it."""
+
+    time_from: str  # "lms" (the LMS's upload time), "student" (the hand-in's own timestamp.txt) or "" (no time)
+    lms_late: str = ""  # "yes" or "no": the LMS's word on lateness, where its download said (Canvas); else ""
+
+
+def time_sources(root: str | os.PathLike[str], assignment: str) -> dict[tuple[str, datetime], TimeSource]:
+    """{(student, time): where it came from} of the hand-ins zip_collect collected."""
+    found = {}
+    for row in read_record(record_path(root, assignment)):
+        if row["outcome"] == "collected" and row["time_from"]:
+            try:
+                when = parse_utc(row["uploaded"] if row["time_from"] == "lms" else row["written"])
+            except (ValueError, OverflowError):
+                continue
+            found[(row["student"], when)] = TimeSource(row["time_from"], row["lms_late"])
+    return found
+
+
+def time_source(sources: dict[tuple[str, datetime], TimeSource], student: str, when: datetime | None) -> TimeSource:
+    """Where a submission's time came from: as zip_collect recorded it, or, for a time it did
+    not collect (a hand-in unzipped into submitted/, nbgrader's exchange), the submission's
+    own timestamp.txt."""
+    if when is None:
+        return TimeSource("")
+    return sources.get((student, when), TimeSource("student"))

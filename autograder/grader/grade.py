@@ -99,6 +99,9 @@ def _run(options: Options, config: Config, console: Console, started: float, sch
         isolation = cluster.isolation
     summary = Summary(outcomes, skipped, time.monotonic() - started, isolation)
     console.print(class_report.summary(outcomes, skipped, summary.seconds, isolation.summary()))
+    late = class_report.late_work(outcomes)
+    if late is not None:
+        console.print(late)
     if any(o.problems for o in outcomes):
         console.print(class_report.problems(outcomes))
     for warning in isolation.warnings():

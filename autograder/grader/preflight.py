@@ -53,9 +53,10 @@ def load_config(options: Options) -> Config:
     return config
 
 
-def _folder(config: Config, name: str, default: str) -> Path:
-    folder: Path = Path(config.CourseDirectory.root) / config.CourseDirectory.get(name, default)
-    return folder
+def folder(config: Config, name: str, default: str) -> Path:
+    """One of the course's folders (`name`: a CourseDirectory setting, e.g. submitted_directory)."""
+    found: Path = Path(config.CourseDirectory.root) / config.CourseDirectory.get(name, default)
+    return found
 
 
 def _names(folder: Path) -> list[str]:
@@ -79,7 +80,7 @@ def check(options: Options, scheduler: str | None = None) -> Config:
     if not root.is_dir():
         raise GradingError(f"the course folder {root} does not exist")
     config = load_config(options)
-    submitted = _folder(config, "submitted_directory", "submitted")
+    submitted = folder(config, "submitted_directory", "submitted")
     if not (root / "nbgrader_config.py").exists() and not submitted.is_dir():
         raise GradingError(f"{root} is not an nbgrader course root: it has neither nbgrader_config.py nor "
                            "submitted/ (run this in the course root, or pass --course)")
@@ -87,8 +88,8 @@ def check(options: Options, scheduler: str | None = None) -> Config:
         raise GradingError(f"there are no submissions yet: collect them into {submitted}/STUDENT/ASSIGNMENT "
                            "(`nbgrader collect`, or `nbgrader zip_collect` for an LMS download)")
     students = sorted(e.name for e in os.scandir(submitted))
-    known = sorted(set(_names(_folder(config, "source_directory", "source")))
-                   | set(_names(_folder(config, "release_directory", "release"))))
+    known = sorted(set(_names(folder(config, "source_directory", "source")))
+                   | set(_names(folder(config, "release_directory", "release"))))
     for assignment in options.assignments:
         if assignment not in known:
             raise GradingError(f"there is no assignment '{assignment}' in this course; it has: {_listed(known)}")
@@ -102,7 +103,7 @@ def check(options: Options, scheduler: str | None = None) -> Config:
             raise GradingError("--scheduler needs the address of a Dask scheduler, e.g. tcp://HOST:8786")
         if importlib.util.find_spec("distributed") is None:
             raise GradingError("--scheduler needs Dask's `distributed`, which is not installed here: install the "
-                               "grader's environment (`make`, or `pip install -c constraints.txt -e '.[lab]'`)")
+                               "grader's environment (`make`, or `pip install -c constraints.txt -e '.[lab,grading]'`)")
     return config
 
 

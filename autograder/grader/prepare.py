@@ -1,17 +1,19 @@
 """Read a submitted notebook, say what is wrong with it, and repair it as nbgrader does.
 
-Repairs are nbgrader's own sanitizing preprocessors (outputs cleared, duplicated ids
-resolved, kernelspec, locked and test cells restored from the gradebook, deleted test
-cells put back). What they repair silently is reported here first: deleted, retyped,
+Repairs are nbgrader's own sanitizing preprocessors (outputs cleared, kernelspec, locked
+and test cells restored from the gradebook), after what they fail on is repaired here:
+metadata of an unexpected shape, cells that claim one grade_id, a released role changed,
+a deleted test cell. What they repair silently is reported here first: deleted, retyped,
 renamed or duplicated graded cells flag the notebook for a human to look at, and so does
 code the student wrote that looks like an attempt to change how it is graded
 (:mod:`autograder.scan`).
 """
 from __future__ import annotations
 
+import copy
 import logging
 import re
-from collections import Counter
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from typing import Any
 import jsonschema
 import nbformat
 from nbformat import NotebookNode
+from nbformat.warnings import DuplicateCellId, MissingIDFieldWarning
 from nbgrader import utils
 from nbgrader.api import Gradebook
 from nbgrader.converters import Autograde
@@ -75,7 +78,28 @@ def read(data: bytes) -> NotebookNode:
         raise Rejected(f"not a readable notebook: {type(error).__name__}: {error}") from None
     if "ValidationError" in invalid:
         raise Rejected(f"not a valid notebook: {invalid['ValidationError'].message}")
+    _steady_ids(nb, set(_CELL_ID.findall(data.decode("utf-8"))))
     return nb
+
+
+# What nbformat warns of as it repairs ids, `_steady_ids` repairs again, for good: not the instructor's concern.
+warnings.filterwarnings("ignore", category=DuplicateCellId)
+warnings.filterwarnings("ignore", category=MissingIDFieldWarning)
+_CELL_ID = re.compile(r'"id"\s*:\s*"([^"\\]*)"')
+
+
+def _steady_ids(nb: NotebookNode, written: set[str]) -> None:
+    """Cell ids the notebook's file does not hold (nbformat makes up a random one for a
+    duplicated or missing id, and for every cell of an older nbformat) named by their place
+    instead: grading the same file twice writes the same autograded notebook."""
+    taken = {cell.get("id") for cell in nb.cells}
+    for index, cell in enumerate(nb.cells):
+        if "id" in cell and cell.id not in written:
+            name, k = f"cell-{index + 1}", 1
+            while name in taken:
+                name, k = f"cell-{index + 1}-{k}", k + 1
+            taken.add(name)
+            cell.id = name
 
 
 # nbgrader's cell metadata (schema 3): each field's type. Other fields are dropped, as
@@ -131,6 +155,96 @@ def sanitize_metadata(nb: NotebookNode, released: list[Any]) -> list[str]:
     return flags
 
 
+def deduplicate(nb: NotebookNode, released: list[Any], known: set[str]) -> list[str]:
+    """One cell per grade_id of the release (nbgrader's own repair leaves a cell it cannot
+    read): of the cells that claim one, the released cell wins — the one of the released
+    type, unedited where the release locked it, with the released cell id (a pasted cell
+    gets a new one), else the first. The others lose the claim: an unedited copy of a
+    locked cell holds nothing of the student's and is dropped; any other copy (an answer's
+    above all) stays where it is as the student's own cell, so it runs as in the student's
+    own top-to-bottom run. Returns what was done, the copies named."""
+    given = {_grade_id(cell): cell for cell in released if _grade_id(cell)}
+    claims: dict[str, list[int]] = {}
+    for index, cell in enumerate(nb.cells):
+        if _grade_id(cell) in known:
+            claims.setdefault(str(_grade_id(cell)), []).append(index)
+    flags, dropped = [], []
+    for grade_id, places in claims.items():
+        if len(places) == 1:
+            continue
+        original = given.get(grade_id)
+        keep = min(places, key=lambda i: _likeness(nb.cells[i], original))  # (min is stable: the first of equals)
+        copies = [i for i in places if i != keep]
+        unedited = [i for i in copies if original is not None and original.metadata.nbgrader.get("locked")
+                    and nb.cells[i].source.strip() == original.source.strip()]
+        kept = [i for i in copies if i not in unedited]
+        for i in kept:
+            del nb.cells[i].metadata["nbgrader"]
+        dropped += unedited
+        said = [f"cell {keep + 1} is taken as the released cell"]
+        said += [f"dropped as unedited copies of a locked cell: {_cells(unedited)}"] if unedited else []
+        said += [f"kept as your own cells where they stand (they run in order: a check sees the last definition "
+                 f"above it): {_cells(kept)}"] if kept else []
+        flags.append(f"grade_id '{grade_id}' appears {len(places)} times (a copied cell?): {'; '.join(said)}")
+    for index in sorted(dropped, reverse=True):
+        del nb.cells[index]
+    return flags
+
+
+def restore(nb: NotebookNode, released: list[Any], known: set[str]) -> None:
+    """Every graded cell of the release, there once (see `deduplicate`) with its released
+    role: graded, answer, locked, points (nbgrader puts back the type, lock, points and
+    source but not the first two, and fails on a test cell whose checksum they change). A
+    graded cell no cell claims (deleted, or its metadata dropped) is put back after the
+    released cell before it that is there (nbgrader's own repair fails where that one is
+    not graded). A cell whose grade_id the release does not know (a renamed one) becomes
+    the student's own: it runs, ungraded."""
+    given = {_grade_id(cell): cell for cell in released if _grade_id(cell)}
+    for cell in nb.cells:
+        grade_id = _grade_id(cell)
+        if grade_id not in known:
+            cell.metadata.pop("nbgrader", None)
+        elif grade_id in given:
+            meta, role = cell.metadata.nbgrader, given[grade_id].metadata.nbgrader
+            for key in ROLE:
+                if key in role:
+                    meta[key] = role[key]
+                else:
+                    meta.pop(key, None)
+    ids = {cell.get("id") for cell in nb.cells}
+    places = {_grade_id(cell): k for k, cell in enumerate(nb.cells)}
+    at = 0  # where the next released cell goes
+    for grade_id, original in given.items():
+        if grade_id in places:
+            at = places[grade_id] + 1
+        elif grade_id in known and original.metadata.nbgrader.get("grade"):
+            cell = copy.deepcopy(original)
+            if cell.get("id") in ids:  # (a cell of the student's has its id)
+                del cell["id"]
+            nb.cells.insert(at, cell)
+            places = {_grade_id(cell): k for k, cell in enumerate(nb.cells)}
+            at += 1
+
+
+ROLE = ("grade", "solution", "locked", "task", "points")
+
+
+def _likeness(cell: NotebookNode, original: Any) -> tuple[bool, ...]:
+    """How far a cell claiming a released grade_id is from the released cell (False is near)."""
+    if original is None:
+        return ()
+    locked = bool(original.metadata.nbgrader.get("locked"))
+    return (cell.cell_type != original.cell_type, locked and cell.source.strip() != original.source.strip(),
+            cell.get("id") != original.get("id"))
+
+
+def _cells(indices: list[int]) -> str:
+    """Cells named by number, at most ten of them."""
+    named = ", ".join(str(i + 1) for i in indices[:10])
+    more = f" and {len(indices) - 10} more" if len(indices) > 10 else ""
+    return f"cell{'s' if len(indices) > 1 else ''} {named}{more}"
+
+
 def reorder(nb: NotebookNode, released: list[Any]) -> list[str]:
     """Put the cells the instructor made (known by grade_id) back in the released order,
     each taking one of their places (the student's own cells stay where they are), so a
@@ -162,8 +276,7 @@ def tampering(nb: NotebookNode, gradebook: Gradebook, notebook: str, assignment:
         for cell in nb.cells
         if "nbgrader" in cell.metadata and (utils.is_grade(cell) or utils.is_solution(cell) or utils.is_locked(cell))
     ]
-    flags = [f"grade_id '{i}' appears {n} times (a copied cell?)" for i, n in Counter(ids).items() if n > 1 and i]
-    flags += [f"unknown grade_id '{i}' (a renamed cell?)" for i in dict.fromkeys(ids) if i and i not in source]
+    flags = [f"unknown grade_id '{i}' (a renamed cell?)" for i in dict.fromkeys(ids) if i and i not in source]
     flags += [f"the graded cell '{name}' was deleted or lost its metadata; it was put back"
               for name in graded if name not in ids]
     for cell in nb.cells:
@@ -216,7 +329,8 @@ class Preparer:
         self.db_url, self.released = db_url, released
         self.gradebook = Released(Gradebook(db_url, course_id))
         self.given: dict[tuple[str, str], list[Any]] = {}
-        # A deleted test cell is always put back: graded as missing, it would keep a stale score.
+        # A deleted test cell is always put back (by `restore`; by nbgrader where the release is
+        # gone): graded as missing, it would keep a stale score.
         self.sanitizers = [
             cls(config=config, log=SILENT, **({"add_missing_cells": True} if cls is OverwriteCells else {}))
             for cls in Autograde(config=config).sanitize_preprocessors
@@ -224,13 +338,12 @@ class Preparer:
 
     def prepare(self, name: str, data: bytes, student: str, assignment: str) -> Prepared:
         """Raises Rejected when the notebook cannot be graded automatically."""
-        nb = read(data)
-        flags = sanitize_metadata(nb, self._given(assignment, name))
-        flags += tampering(nb, self.gradebook, name, assignment) + edited(nb, self._given(assignment, name))
+        nb, released = read(data), self._given(assignment, name)
         known = {cell.name for cell in self.gradebook.find_notebook(name, assignment).source_cells}
-        for cell in nb.cells:  # a renamed cell is the student's own: it runs, ungraded
-            if cell.metadata.get("nbgrader", {}).get("grade_id") not in known:
-                cell.metadata.pop("nbgrader", None)
+        flags = sanitize_metadata(nb, released)
+        flags += deduplicate(nb, released, known)
+        flags += tampering(nb, self.gradebook, name, assignment) + edited(nb, released)
+        restore(nb, released, known)
         resources = {"nbgrader": {"notebook": name, "assignment": assignment, "student": student,
                                   "db_url": self.db_url}}
         try:
@@ -240,9 +353,9 @@ class Preparer:
         except (MetadataError, RuntimeError, ValueError, KeyError) as error:  # as stock nbgrader fails on it
             reason = f"nbgrader cannot repair its cell metadata ({type(error).__name__}: {error})"
             raise Rejected("; ".join([*flags, reason])) from None
-        flags += reorder(nb, self._given(assignment, name))
+        flags += reorder(nb, released)
         theirs = [c for c in nb.cells if utils.is_solution(c) or not (utils.is_locked(c) or utils.is_grade(c))]
-        flags += [f"worth a look: {finding}" for finding in scan(theirs, self._given(assignment, name))]
+        flags += [f"worth a look: {finding}" for finding in scan(theirs, released)]
         return Prepared(name, nb, flags)
 
     def imports(self, notebooks: dict[str, set[str]]) -> list[str]:

@@ -60,15 +60,16 @@ class Display:
     """The one status line of a run, from its first second to its end: what is happening now,
     the time since the run started (the summary's own clock), and while grading the count
     done, a bar and the time left. It fits the terminal's width (80 columns included): the
-    description gives way, with an ellipsis; the numbers never do."""
+    description gives way, with an ellipsis; the numbers never do. `label` names the run
+    ("Grading", "Replaying")."""
 
-    def __init__(self, console: Console, started: float) -> None:
+    def __init__(self, console: Console, started: float, label: str = "Grading") -> None:
         self.started = started
         self.estimate: Estimate | None = None
         self.running: Callable[[], dict[str, float]] = dict
         self.done = 0
         self.bar = Progress(
-            TextColumn("[bold]Grading"), BarColumn(bar_width=10), _Text(self._count), _Text(self._elapsed),
+            TextColumn(f"[bold]{label}"), BarColumn(bar_width=10), _Text(self._count), _Text(self._elapsed),
             _Text(self._left), TextColumn("{task.description}", table_column=Column(no_wrap=True, overflow="ellipsis",
                                                                                   ratio=1)),
             console=console, expand=True,
@@ -120,9 +121,9 @@ _shown: list[Display] = []  # the run's display, while `showing` holds it
 
 
 @contextlib.contextmanager
-def showing(console: Console, started: float) -> Iterator[Display]:
+def showing(console: Console, started: float, label: str = "Grading") -> Iterator[Display]:
     """The run's status line, shown from now on (its clock from `started`); `current()` finds it."""
-    with Display(console, started) as display:
+    with Display(console, started, label) as display:
         _shown.append(display)
         try:
             yield display

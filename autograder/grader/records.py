@@ -15,6 +15,14 @@ if TYPE_CHECKING:
     from .verdicts import Judge
 
 
+def is_test_cell(cell: Any) -> bool:
+    """Graded test cells, and locked `check_*` cells (visible checks that import names)."""
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    if cell.get("cell_type") != "code" or meta.get("solution"):
+        return False
+    return bool(meta.get("grade")) or (bool(meta.get("locked")) and str(meta.get("grade_id", "")).startswith("check"))
+
+
 def cores() -> int:
     """The cores this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -5,27 +5,29 @@ The student's notebook runs as when it was graded (sandboxed, in a fresh child o
 worker) up to that cell; the test cells before it are judged too, as they were, for they
 may leave names the cell uses. Nothing is written: the gradebook and autograded/ stay
 as they are.
+
+`check` answers a wrong assignment, student or cell at once, from the course's folders
+alone, before torch, nbgrader and a worker load (which take many seconds).
 """
 from __future__ import annotations
 
+import difflib
 import functools
+import json
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
-import nbformat
-from nbgrader.api import Gradebook
-from nbgrader.coursedir import CourseDirectory
-
-from ..checks import inputs
-from ..isolation import sandbox
-from . import discover, preflight, secret
-from .pool import Pool
+from . import preflight
 from .preflight import GradingError
-from .prepare import Preparer, Rejected
-from .records import Options, Program, Run, as_text
-from .verdicts import Judge, is_test_cell
+from .records import Options, as_text, is_test_cell
+
+if TYPE_CHECKING:
+    import nbformat
+    from nbgrader.coursedir import CourseDirectory
+
+    from .records import Program, Run
 
 
 @dataclass
@@ -46,8 +48,48 @@ class Replayed:
             as_text(self.outputs) == as_text(self.recorded_outputs)
 
 
-def replay(options: Options, assignment: str, student: str, grade_id: str) -> Replayed:
-    """Raises GradingError (one line for the instructor) when there is nothing to replay."""
+def check(options: Options, assignment: str, student: str, grade_id: str) -> None:
+    """GradingError (one line, naming the valid choices) for an assignment, a student or a
+    test cell the course does not have: read from its folders, in well under a second."""
+    options.assignments, options.students = [assignment], [student]
+    config = preflight.check(options)
+    cells = test_cells(config, assignment)
+    if cells and grade_id not in cells:
+        close = difflib.get_close_matches(grade_id, cells, n=1)
+        guess = f" (did you mean {close[0]}?)" if close else ""
+        raise GradingError(f"{assignment} has no test cell '{grade_id}'{guess}; its test cells: {', '.join(cells)}")
+
+
+def test_cells(config: Any, assignment: str) -> list[str]:
+    """The grade_ids of an assignment's test cells, in order, from its released notebooks (or
+    its source notebooks where it was not released here); [] where neither can be read."""
+    for name, default in (("release_directory", "release"), ("source_directory", "source")):
+        folder = preflight.folder(config, name, default) / assignment
+        try:
+            notebooks = [json.loads(path.read_text()) for path in sorted(folder.glob("*.ipynb"))]
+        except (OSError, ValueError):
+            continue
+        cells = [cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") for nb in notebooks
+                 for cell in nb.get("cells", []) if isinstance(cell, dict) and is_test_cell(cell)]
+        if cells:
+            return [str(c) for c in cells]
+    return []
+
+
+def replay(options: Options, assignment: str, student: str, grade_id: str,
+           phase: Callable[[str], None] = lambda _: None) -> Replayed:
+    """Raises GradingError (one line for the instructor) when there is nothing to replay.
+    `phase(what)` is told what it does now."""
+    phase("loading nbgrader and the checks ...")
+    import nbformat
+    from nbgrader.coursedir import CourseDirectory
+
+    from ..checks import inputs
+    from . import discover, secret
+    from .prepare import Preparer, Rejected
+    from .records import Program
+    from .verdicts import Judge
+
     options.assignments, options.students = [assignment], [student]
     config = preflight.check(options)
     coursedir = CourseDirectory(config=config)
@@ -63,6 +105,7 @@ def replay(options: Options, assignment: str, student: str, grade_id: str) -> Re
         f"the course's current secret ({secret.fingerprint(key)}: it was graded before seeds were recorded)"
     seed = functools.partial(inputs.cell_seed, key, assignment, notebook)
     released = Path(coursedir.format_path(coursedir.release_directory, ".", "."))
+    phase(f"preparing {student}'s {notebook} ...")
     with closing(Preparer(coursedir.db_url, coursedir.course_id, config, released)) as preparer:
         try:
             prepared = preparer.prepare(notebook, submission.read(f"{notebook}.ipynb"), student, assignment)
@@ -74,6 +117,7 @@ def replay(options: Options, assignment: str, student: str, grade_id: str) -> Re
         raise GradingError(f"'{grade_id}' is not a test cell of {notebook}")
     judge = Judge.of(prepared.nb.cells[: index + 1], lambda g: int(seeds[g]) if g in seeds else seed(g))
     program = Program([c for c in prepared.code_cells() if c[0] <= index], submission.files(coursedir.ignore), judge)
+    phase(f"starting a sandboxed worker, running {notebook} up to {grade_id} and judging it ...")
     run = _run(options, program)
     verdict = run.verdicts.get(index)
     cell = run.cells.get(index)
@@ -82,6 +126,8 @@ def replay(options: Options, assignment: str, student: str, grade_id: str) -> Re
 
 
 def _notebook_of(coursedir: CourseDirectory, assignment: str, grade_id: str) -> str:
+    from nbgrader.api import Gradebook
+
     with Gradebook(coursedir.db_url, coursedir.course_id) as gb:
         for nb in gb.find_assignment(assignment).notebooks:
             if any(cell.name == grade_id for cell in nb.source_cells):
@@ -91,6 +137,9 @@ def _notebook_of(coursedir: CourseDirectory, assignment: str, grade_id: str) -> 
 
 
 def _run(options: Options, program: Program) -> Run:
+    from ..isolation import sandbox
+    from .pool import Pool
+
     with Pool(1, sandbox.detect(options.sandbox, options.root), options.root, options.limits) as pool:
         pool.submit("replay", [program])
         _, (run,) = pool.result()
@@ -101,6 +150,8 @@ def _recorded(nb: nbformat.NotebookNode | None, coursedir: CourseDirectory, assi
               notebook: str, grade_id: str) -> tuple[list[dict[str, Any]] | None, float | None]:
     if nb is None:
         return None, None
+    from nbgrader.api import Gradebook
+
     outputs = next(([dict(o) for o in c.outputs] for c in nb.cells
                     if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == grade_id), None)
     with Gradebook(coursedir.db_url, coursedir.course_id) as gb:

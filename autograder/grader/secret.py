@@ -7,7 +7,8 @@ unknown to students, so inputs they have seen gain them nothing. It is made the 
 time a course is graded, kept with the gradebook in the engine's folder of the course
 root (never in the sandbox, never in what students get), and rotated with
 `autograder secret --rotate` (each autograded notebook records its cells' seeds, so
-earlier grades can still be replayed).
+earlier grades can still be replayed). A rotation keeps the secret it replaces beside it
+(`secret.replaced-TIME`): nothing the instructor had is lost, and a rotation can be undone.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import hashlib
 import os
 import secrets
 import tempfile
+import time
 from pathlib import Path
 
 from .preflight import STATE
@@ -47,13 +49,18 @@ def load(root: Path) -> tuple[bytes, bool]:
     return made, True
 
 
-def rotate(root: Path) -> bytes:
-    """A new secret in place of the old one (grades from now on draw other inputs)."""
+def rotate(root: Path) -> tuple[bytes, Path | None]:
+    """A new secret in place of the old one (grades from now on draw other inputs); (the new
+    secret, where the one it replaced is kept: None when there was none)."""
     where = path(root)
     where.parent.mkdir(exist_ok=True)
+    kept = None
+    if os.path.lexists(where):
+        kept = where.with_name(f"{NAME}.replaced-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**9:09d}")
+        os.link(where, kept)  # a second name for the old file, before its first goes
     made = secrets.token_bytes(SIZE)
     os.replace(_staged(where, made), where)
-    return made
+    return made, kept
 
 
 def _read(where: Path) -> bytes:

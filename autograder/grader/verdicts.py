@@ -32,7 +32,7 @@ from ..checks.shared_state import process_wide
 from ..student import probe
 from ..student.serve import resolve
 from . import syntax
-from .records import Verdict, cut
+from .records import Verdict, cut, is_test_cell
 
 
 def _module(name: Any) -> Any:
@@ -85,14 +85,6 @@ def run_cell(source: str, names: dict[str, Any]) -> Any:
     if last is None:
         return None
     return eval(syntax.compiled(ast.Expression(last.value), "<test cell>", "eval"), context, names)
-
-
-def is_test_cell(cell: Any) -> bool:
-    """Graded test cells, and locked `check_*` cells (visible checks that import names)."""
-    meta = cell.get("metadata", {}).get("nbgrader", {})
-    if cell.get("cell_type") != "code" or meta.get("solution"):
-        return False
-    return bool(meta.get("grade")) or (bool(meta.get("locked")) and str(meta.get("grade_id", "")).startswith("check"))
 
 
 class Judge:

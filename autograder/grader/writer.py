@@ -74,6 +74,8 @@ class Writer:
                     (stage / f"{result.name}.ipynb").write_text(nbjson.writes(hide_test_tracebacks(nb, self.config)))
                 if result.problems:
                     self._flag(gb, submission, result)
+            saved = gb.find_submission(submission.assignment, submission.student)  # (the run's summary says it)
+            submission.seconds_late, submission.late_penalty = saved.total_seconds_late, saved.late_submission_penalty
             # Last before the commit: from here until the new folder is in place, the
             # submission counts as not graded, so an interruption means grading it again.
             for step in (self.coursedir.feedback_directory, self.coursedir.autograded_directory):

@@ -10,10 +10,10 @@ downloads it). The zip holds the notebook where nbgrader expects it:
     alice/03_function_basics/timestamp.txt
 
 so an instructor either unzips it into `submitted/` (`unzip -o alice__03_function_basics.zip
--d submitted`) or puts every student's zip (as an LMS downloads them) in
+-d submitted`) or puts the LMS's download of every student's zip in
 `downloaded/03_function_basics/archive/` and runs `nbgrader zip_collect 03_function_basics`
-(the course's nbgrader_config.py tells zip_collect where the student id and the notebook
-are). Nothing is graded here.
+(the course's zip_collect takes the student from the LMS's name for the upload, and refuses
+a zip whose folder names anyone else). Nothing is graded here.
 
 What is handed in is the notebook as the student sees it: in JupyterLab and Notebook 7 the
 page is asked to save it first (its Save button, clicked by a script the call displays), and
@@ -58,7 +58,8 @@ def hand_in(student: str, assignment: str | None = None, *, notebook: str | os.P
     runs, as you see it: in JupyterLab and Notebook 7 it is saved first (and refused, saying
     so, if the saved file lacks the cells this kernel ran), in Colab it is read from the page.
     `to`: the folder to write to (default: beside the notebook, or the current folder).
-    In Colab the file is also downloaded unless `download=False`. While the notebook is
+    In Colab the file is also downloaded unless `download=False`; on a JupyterHub the
+student is told to submit in the Assignment List instead. While the notebook is
     being graded (nbgrader sets NBGRADER_EXECUTION) it does nothing and returns None.
     """
     if os.environ.get("NBGRADER_EXECUTION"):
@@ -84,7 +85,11 @@ def hand_in(student: str, assignment: str | None = None, *, notebook: str | os.P
         archive.writestr(f"{inside}/{assignment}.ipynb", json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
         archive.writestr(f"{inside}/timestamp.txt", when.strftime("%Y-%m-%d %H:%M:%S.%f %Z"))
     unanswered = _unanswered(nb)
-    print(f"Handed in {assignment} for {student}: {path} ({when:%Y-%m-%d %H:%M} UTC).")
+    if _on_a_hub():
+        print(f"Saved {assignment} for {student} ({when:%Y-%m-%d %H:%M} UTC): now submit it in the Assignment List "
+              "(Nbgrader → Assignment List → Submit), where your instructor collects it.")
+    else:
+        print(f"Handed in {assignment} for {student}: {path} ({when:%Y-%m-%d %H:%M} UTC).")
     if unanswered:
         print(f"Note: {len(unanswered)} answer cell(s) still raise NotImplementedError: {', '.join(unanswered)}.")
     if _in_colab() and download:
@@ -92,6 +97,9 @@ def hand_in(student: str, assignment: str | None = None, *, notebook: str | os.P
 
         files.download(str(path))
         print("Your browser downloads it now: upload that file where your instructor asks.")
+    elif _on_a_hub():
+        print(f"It is also written as {path}, for a course that collects files instead: it is not handed in "
+              "until you submit.")
     else:
         print("Upload that file where your instructor asks.")
     return path
@@ -99,6 +107,11 @@ def hand_in(student: str, assignment: str | None = None, *, notebook: str | os.P
 
 def _in_colab() -> bool:
     return "google.colab" in sys.modules
+
+
+def _on_a_hub() -> bool:
+    """A JupyterHub's server (the hub sets JUPYTERHUB_USER): students submit in its Assignment List."""
+    return bool(os.environ.get("JUPYTERHUB_USER"))
 
 
 def _this_notebook(notebook: str | os.PathLike[str] | None) -> tuple[dict[str, Any], str | None, Path]:

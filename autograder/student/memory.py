@@ -7,6 +7,9 @@ procedures that run the student's checkpoint and saved-tensor hooks and report w
 - `PeakMemory` (a dispatch mode) counts the bytes of the memory blocks that torch
   operations inside a `with` block create, while they are alive: now and at the peak,
   forward and backward alike.
+- `BackwardSteps` (a dispatch mode and a pre-hook on every node of a graph) follows the
+  blocks a recomputation makes through a backward, step by step: how much of them is
+  alive past the last step that reads it.
 
 The blocks and graphs are plain test functions, not answers to any exercise; they are
 registered, so they cross to the student's process by name. What the procedures report
@@ -15,12 +18,16 @@ in the student's process: best effort.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
+import itertools
+import weakref
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from . import probe
@@ -152,6 +159,96 @@ class PeakMemory(Watch):
         self.now -= nbytes
 
 
+class BackwardSteps(TorchDispatchMode):
+    """`with steps.watching(output):` around a backward from `output`: each step of it (a
+    node of `output`'s graph, which autograd lets go of before the next) is numbered; the
+    memory blocks torch operations make while `with steps.recomputing():` is on are
+    followed (weak references) and, outside it, which step last read each. `held()` is
+    then the most bytes of those blocks alive at the start of a step that no step from it
+    on reads: what a recomputation kept past its use."""
+
+    MAX_NODES = 10_000  # a graph larger than this is followed that far
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # torch's is unannotated
+        self.step = 0
+        self._recomputing = False
+        self._serials = itertools.count()
+        self._made: dict[int, tuple[int, int, weakref.ref[Any]]] = {}  # address -> (serial, bytes, the block)
+        self._read: dict[int, int] = {}  # serial -> the last step that read it
+        self._starts: list[tuple[int, list[tuple[int, int]]]] = []  # (step, (serial, bytes) alive at its start)
+
+    @contextlib.contextmanager
+    def recomputing(self) -> Iterator[None]:
+        self._recomputing = True
+        try:
+            yield
+        finally:
+            self._recomputing = False
+
+    @contextlib.contextmanager
+    def watching(self, output: Any) -> Iterator[None]:
+        handles = [node.register_prehook(self._start) for node in _nodes(getattr(output, "grad_fn", None),
+                                                                          self.MAX_NODES)]
+        try:
+            with self:
+                yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _start(self, grad_outputs: Any) -> None:
+        self.step += 1
+        self._starts.append((self.step, [(serial, n) for serial, n, _ in self._made.values()]))
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        given = {_block(t)[0] for t in _flat((args, kwargs)) if t.device.type != "meta"}
+        if self._recomputing:
+            for t in _flat(out):
+                address, n = _block(t)
+                if t.device.type != "meta" and n and address not in given and address not in self._made:
+                    self._follow(t.untyped_storage(), address, n)
+        else:
+            for address in given & self._made.keys():
+                self._read[self._made[address][0]] = self.step
+        return out
+
+    def _follow(self, storage: Any, address: int, n: int) -> None:
+        def gone(_: Any) -> None:
+            self._made.pop(address, None)
+
+        self._made[address] = (next(self._serials), n, weakref.ref(storage, gone))
+
+    def held(self) -> tuple[int, int]:
+        """(bytes, needed): at the start of the step where most bytes of recomputed blocks
+        were alive that no step from it on read, those bytes, and the bytes of those the
+        steps to come did read."""
+        worst = (0, 0)
+        for step, alive in self._starts:
+            needless = sum(n for serial, n in alive if self._read.get(serial, 0) < step)
+            worst = max(worst, (needless, sum(n for _, n in alive) - needless))
+        return worst
+
+
+def _flat(value: Any) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
+
+
+def _nodes(root: Any, limit: int) -> list[Any]:
+    """The nodes of the graph under `root`, at most `limit` of them."""
+    found: list[Any] = []
+    todo, seen = [root], set()
+    while todo and len(found) < limit:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        found.append(node)
+        todo.extend(next_node for next_node, _ in getattr(node, "next_functions", ()))
+    return found
+
+
 # --- Blocks for the checkpoint exercise ----------------------------------------------------
 
 def residual_tanh(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
@@ -188,17 +285,21 @@ def checkpoint_run(function: Any, block: Callable[..., torch.Tensor], args: tupl
     (as another layer would between forward and backward), then backward with `grad_output`.
 
     Reports the output, the gradients of the arguments that require grad, whether backward
-    left the generators as it found them, and how often `block` ran; the caller's
+    left the generators as it found them, how often `block` ran, and what a run of it in
+    backward kept past its use (`BackwardSteps.held`: "held", "needed"); the caller's
     generators are restored afterwards."""
     calls = [0]
+    steps = BackwardSteps()
 
     def counted(*inputs: Any) -> torch.Tensor:
         calls[0] += 1
-        return block(*inputs)
+        with steps.recomputing() if calls[0] > 1 else contextlib.nullcontext():
+            return block(*inputs)
 
     devices = _cuda_devices(args)
     report: dict[str, Any]
-    stage, report = "forward", {"output": None, "grads": [], "generator_kept": True, "calls": 0, "error": None}
+    stage, report = "forward", {"output": None, "grads": [], "generator_kept": True, "calls": 0, "held": 0, "needed": 0,
+                                "error": None}
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         try:
@@ -210,8 +311,10 @@ def checkpoint_run(function: Any, block: Callable[..., torch.Tensor], args: tupl
             torch.rand(1)
             before = _generator_states(devices)
             wrt = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
-            grads = torch.autograd.grad(output, wrt, grad_output, allow_unused=True)
+            with steps.watching(output):
+                grads = torch.autograd.grad(output, wrt, grad_output, allow_unused=True)
             report["grads"] = [None if g is None else g.detach() for g in grads]
+            report["held"], report["needed"] = steps.held()
             report["generator_kept"] = all(torch.equal(a, b) for a, b in zip(before, _generator_states(devices)))
         except Exception as exc:  # the student's code may raise anything
             report["error"] = asdict(probe.ProbeError.of(stage, exc))

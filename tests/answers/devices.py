@@ -120,6 +120,10 @@ MUTANTS = {
                "torch.zeros(grad_values.shape, dtype=grad_values.dtype).scatter"),
               device="meta"),
     ],
+    "06_views_and_inplace": [
+        wrong("softmax_inplace", "the row sums moved to the CPU",
+              ("return y * (grad_output - inner)", "return y * (grad_output - inner.cpu())"), device="meta"),
+    ],
     "07_double_backward": [
         wrong("sinh_fixed", "the halving by a tensor of x's shape made on the CPU",
               ("return grad_out * (torch.exp(x) + torch.exp(-x)) / 2",

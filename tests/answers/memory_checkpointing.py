@@ -87,6 +87,17 @@ class Checkpoint(torch.autograd.Function):
     wrong("hooked_checkpoint", "also logs every saved tensor in a module global list",
           ("import itertools\n", "import itertools\n\nSAVED = []  # every tensor forward saves, to look at later\n"),
           ("        return next(handles)\n", "        SAVED.append(t)\n        return next(handles)\n")),
+    # ... memory held while backward runs, let go of only when the graph is (after backward nothing is left)
+    wrong("hooked_checkpoint", "unpack keeps every recomputed tensor in its dict until the graph is freed",
+          ("return recomputed.pop(handle)", "return recomputed[handle]")),
+    wrong("hooked_checkpoint", "unpack hands out a copy and keeps the recomputed tensor",
+          ("return recomputed.pop(handle)", "return recomputed.get(handle).clone()")),
+    wrong("hooked_checkpoint", "keeps a trace of every recomputed tensor beside the dict, for debugging",
+          ("    recomputed = {}  # handle -> the tensor the recomputation saved in that place\n",
+           "    recomputed = {}  # handle -> the tensor the recomputation saved in that place\n"
+           "    trace = []  # every tensor recomputed, to look at when something goes wrong\n"),
+          ("            recomputed[next(position)] = t.detach()\n",
+           "            trace.append(t.detach())\n            recomputed[next(position)] = trace[-1]\n")),
     # True or false
     wrong("claims", "thinks detach() saves memory", ('"a": "false"', '"a": "true"')),
     wrong("claims", "thinks checkpointing is O(1) memory", ('"c": "false"', '"c": "true"')),
