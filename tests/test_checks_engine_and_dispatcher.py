@@ -16,6 +16,7 @@ from autograder.exercises import engine_and_dispatcher as ex
 from autograder.student import engine_and_dispatcher as graphs
 from autograder.student.memory import PeakMemory
 from autograder.student.report import CheckFailed
+from grading import check_fails as _fails
 from grading import exercises
 
 SLUG = "07_engine_and_dispatcher"
@@ -39,15 +40,6 @@ def answer(grade_id: str, label: str | None = None):
     namespace: dict = {}
     exec("import torch\nfrom torch.utils._python_dispatch import TorchDispatchMode\n" + source, namespace)
     return namespace[NAMES[grade_id]]
-
-
-def _fails(check, student, *needles: str, **kwargs) -> str:
-    with pytest.raises(CheckFailed) as info:
-        check(student, **kwargs)
-    message = str(info.value)
-    for needle in needles:
-        assert needle in message, message
-    return message
 
 
 # --- The engine's order ------------------------------------------------------------------------
