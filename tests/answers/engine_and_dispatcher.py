@@ -179,23 +179,11 @@ def clip_gradients(params, max_norm):
     return handles
 '''
 
-_CLIP_AG_POSTHOOK = '''
-_kept = []
-
-
-def clip_gradients(params, max_norm):
-    def clip(grad_inputs, grad_outputs):
-        (grad,) = grad_outputs
-        norm = grad.norm()
-        return (grad * (max_norm / norm),) if norm > max_norm else None  # AccumulateGrad has already run
-
-    handles = []
-    for p in params:
-        node = p.view_as(p).grad_fn.next_functions[0][0]
-        _kept.append(node)
-        handles.append(node.register_hook(clip))
-    return handles
-'''
+# The same on AccumulateGrad's hook, which runs after the gradient was added to .grad.
+_CLIP_AG_POSTHOOK = (_CLIP_AG_PREHOOK
+                     .replace("def clip(grads):\n        (grad,) = grads",
+                              "def clip(grad_inputs, grad_outputs):\n        (grad,) = grad_outputs")
+                     .replace("register_prehook(clip)", "register_hook(clip)"))
 
 _CLIP_POST_ACCUMULATE = '''
 def clip_gradients(params, max_norm):
