@@ -76,12 +76,15 @@ bench: $(STAMP) system-tools test-tools
 	$(BIN)/python bench/scaling.py
 
 # A thousand notebooks mutated at random in structure and metadata, graded beside honest
-# students (tests/test_fuzz.py; `make test` grades a sample). FUZZ_SEED replays a run. It
+# students, and 500 hostile replies judged by the checks within the grader's bounds
+# (tests/test_fuzz.py; `make test` runs a sample of each). FUZZ_SEED replays a run. It
 # and compare-stock lift make test's 15-minute limit per test (--timeout 0).
 FUZZ ?= 1000
+FUZZ_REPLIES ?= 500
 FUZZ_SEED ?= 20261127
 fuzz: $(STAMP) system-tools
-	$(BIN)/python -m pytest -n 0 --timeout 0 tests/test_fuzz.py --fuzz $(FUZZ) --fuzz-seed $(FUZZ_SEED)
+	$(BIN)/python -m pytest -n 0 --timeout 0 tests/test_fuzz.py --fuzz $(FUZZ) --fuzz-replies $(FUZZ_REPLIES) \
+	  --fuzz-seed $(FUZZ_SEED)
 
 # `make test` checks that the grader's verdicts are the kernel's on a sample of the known
 # answers (the first wrong and right answer of each exercise); this on every one of them.

@@ -30,6 +30,8 @@ def pytest_addoption(parser):
     parser.addoption("--fuzz", type=int, default=24,
                      help="mutated notebooks graded by test_fuzz.py (`make fuzz`: 1000)")
     parser.addoption("--fuzz-seed", type=int, default=20261127, help="the seed test_fuzz.py generates them from")
+    parser.addoption("--fuzz-replies", type=int, default=40,
+                     help="hostile replies judged by test_fuzz.py (`make fuzz`: 500)")
 
 
 def pytest_configure(config):
