@@ -20,10 +20,24 @@ WORK ?= work
 PUBLIC ?= public
 ROOT_FLAG = $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
-.PHONY: test lint lab instructor release publish autograde bench compare-stock verdicts fuzz gpu-check gpu-wheels lock system-tools test-tools hub-tools clean
+.PHONY: test tests check quick-tests lint lab instructor release publish autograde bench compare-stock verdicts fuzz gpu-check gpu-wheels lock system-tools test-tools hub-tools clean
 
-test: $(STAMP) system-tools test-tools hub-tools lint
+# Lint runs beside the tests (mypy's minute on one core while the test workers start); a
+# lint error fails the run when the tests end.
+test: $(STAMP) system-tools test-tools hub-tools
+	$(MAKE) --no-print-directory -j2 lint tests
+
+tests: $(STAMP)
 	$(BIN)/python -m pytest
+
+# Between commits (at most 5 minutes on two cores): lint beside the tests that need no
+# browser, server, stock nbgrader, kernel or grading run (`-m "not slow"`: the unit tests, and
+# each notebook's checks judged on its model solution and the first wrong answer of each exercise).
+check: $(STAMP) system-tools
+	$(MAKE) --no-print-directory -j2 lint quick-tests
+
+quick-tests: $(STAMP)
+	$(BIN)/python -m pytest -n 2 -m "not slow" --verdicts-wrong-only
 
 # Style (ruff), types (mypy, strict on the grader, the runner, the sandbox and the student
 # package: pyproject.toml) and the trust boundary's imports (import-linter's contract).

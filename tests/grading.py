@@ -1,13 +1,16 @@
 """A throwaway nbgrader course for tests: release, submit, autograde with stock nbgrader."""
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import hashlib
 import itertools
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import types
 import zipfile
 from dataclasses import dataclass, field
@@ -71,10 +74,7 @@ class Course:
 
     def __init__(self, root: Path, slugs: list[str]) -> None:
         self.root = root
-        shutil.copy(authoring.ROOT / "nbgrader_config.py", root)
-        for slug in slugs:
-            shutil.copytree(authoring.ROOT / "solutions" / slug, root / "solutions" / slug)
-        authoring.release(root)
+        shutil.copytree(released(tuple(slugs)), root, dirs_exist_ok=True)
         self.db_url = f"sqlite:///{root / 'gradebook.db'}"
 
     def keep_secret(self, name: str) -> bytes:
@@ -117,6 +117,19 @@ class Course:
         with Gradebook(self.db_url) as gradebook:
             notebook = gradebook.find_submission_notebook(slug, slug, student)
             return {g.name: (g.score, g.max_score) for g in notebook.grades if g.cell.cell_type == "code"}
+
+
+@functools.cache
+def released(slugs: tuple[str, ...]) -> Path:
+    """A course root with `slugs` released by stock nbgrader, made once per test process (a
+    release and its new gradebook cost seconds): every Course of them is a copy."""
+    root = Path(tempfile.mkdtemp(prefix="released-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    shutil.copy(authoring.ROOT / "nbgrader_config.py", root)
+    for slug in slugs:
+        shutil.copytree(authoring.ROOT / "solutions" / slug, root / "solutions" / slug)
+    authoring.release(root)
+    return root
 
 
 def canvas_download(course: Course, slug: str, uploads: list[tuple[str, Path, bool]]) -> Path:
@@ -189,6 +202,7 @@ class ClassBatch:
     exercises: list[Exercise]
     submissions: dict[str, Submission]
     result: subprocess.CompletedProcess
+    scores_read: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict, repr=False)
 
     # What stock nbgrader also grades in `make test`: a wrong and a right answer of every
     # exercise (right0 passes every graded cell, as the model does); `make compare-stock`
@@ -214,6 +228,12 @@ class ClassBatch:
                                 text=True, timeout=1800)
         return ClassBatch(slug, course, found, {s.student: s for s in submissions}, result)
 
+    def scores(self, student: str) -> dict[str, tuple[float, float]]:
+        """Course.scores, read from the gradebook once per submission (hundreds of tests ask)."""
+        if student not in self.scores_read:
+            self.scores_read[student] = self.course.scores(self.slug, student)
+        return self.scores_read[student]
+
     def points(self, student: str, exercise: Exercise) -> tuple[float, float]:
-        scores = self.course.scores(self.slug, student)
+        scores = self.scores(student)
         return (sum(scores[g][0] for g in exercise.graded), sum(scores[g][1] for g in exercise.graded))

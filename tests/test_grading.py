@@ -208,7 +208,7 @@ def test_every_claim_a_check_prints_is_refuted_by_a_known_wrong_answer(graded):
     for student, submission in graded.submissions.items():
         if not submission.wrong:
             continue
-        scores = graded.course.scores(graded.slug, student)
+        scores = graded.scores(student)
         for cell, printed in _claims(notebook(graded.course, "autograded", student, graded.slug)).items():
             score, most = scores[cell]
             shared = next((k for k, (line, model) in enumerate(zip(printed, claims[cell])) if line != model),
