@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
+import pytest
 from nbgrader.api import Gradebook
 
 from autograder import authoring
+from autograder.student.report import CheckFailed
 
 SOLUTION_MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
 
@@ -27,6 +29,16 @@ SOLUTION_MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
 def model_solution(source: str) -> str:
     """An answer cell as a student who got it right would leave it (markers removed)."""
     return "\n".join(line for line in source.splitlines() if line.strip() not in SOLUTION_MARKERS)
+
+
+def check_fails(check, student, *needles: str, **kwargs) -> str:
+    """The message of `check(student, **kwargs)`, which must fail and name every needle."""
+    with pytest.raises(CheckFailed) as info:
+        check(student, **kwargs)
+    message = str(info.value)
+    for needle in needles:
+        assert needle in message, message
+    return message
 
 
 @dataclass

@@ -11,17 +11,8 @@ from autograder.checks.remote import Remote, loopback
 from autograder.exercises import double_backward as ex
 from autograder.student import graphs
 from autograder.student.report import CheckFailed
+from grading import check_fails as _fails
 from grading import exercises
-
-
-def _fails(check, student, *needles: str, **kwargs) -> str:
-    with pytest.raises(CheckFailed) as info:
-        check(student, **kwargs)
-    message = str(info.value)
-    for needle in needles:
-        assert needle in message, message
-    return message
-
 
 # --- Sinh --------------------------------------------------------------------------------
 

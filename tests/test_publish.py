@@ -34,6 +34,7 @@ COMMON = {
     # The forward of a function as its exercise defines it (the exercise is its backward):
     "return x * torch.sigmoid(beta * x)": "Swish's definition, forward only",
     "return x.clamp(0, clip)": "ClippedReLU's definition, forward only",
+    "out = func(*args, **(kwargs or {}))": "boilerplate: any dispatch mode's first line (student/saved.py's Watch)",
 }
 # The course's own code doing what an exercise asks for — a reference its visible check needs
 # in the student's kernel, or a meter the notebooks use — shares the answer's key lines.
@@ -46,6 +47,8 @@ KNOWN = {
     "blocks[storage.data_ptr()] = storage.nbytes()": "exercises/save_for_backward.py's kept_alive reference",
     "return sum(blocks.values())": "exercises/save_for_backward.py's kept_alive reference",
     "return r * torch.cos(theta), r * torch.sin(theta)": "the formula 03's exercise 3.3 states, as its reference",
+    "self.peak = max(self.peak, self.now)": "student/memory.py's PeakMemory, 08's meter, keeps a peak as exercise "
+                                            "7.9's BackwardMemory must",
 }
 
 

@@ -12,6 +12,48 @@ left out: their checks run the tape's values on the CPU only.
 """
 from . import right, wrong
 
+_THREAD_LOCAL_METER = """
+import threading
+import weakref
+
+from torch.utils._pytree import tree_leaves
+
+
+class BackwardMemory(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.mine = threading.local()  # a log and counts per thread
+        self.blocks = {}
+
+    def counts(self):
+        if not hasattr(self.mine, "log"):
+            self.mine.log, self.mine.now, self.mine.peak = [], 0, 0
+        return self.mine
+
+    log = property(lambda self: self.counts().log)
+    now = property(lambda self: self.counts().now)
+    peak = property(lambda self: self.counts().peak)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        given = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        created = 0
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in given | set(self.blocks):
+                block = t.untyped_storage()
+                self.blocks[block.data_ptr()] = block.nbytes()
+                weakref.finalize(block, self.freed, block.data_ptr())
+                created += block.nbytes()
+        mine = self.counts()
+        mine.now += created
+        mine.peak = max(mine.peak, mine.now)
+        mine.log.append((func, created))
+        return out
+
+    def freed(self, address):
+        self.counts().now -= self.blocks.pop(address)
+"""
+
 MUTANTS = {
     "03_function_basics": [
         wrong("clipped_relu", "gradient moved to the CPU",
@@ -95,6 +137,14 @@ MUTANTS = {
                "grad_x = grad * grad_out * torch.full(x.shape, 6.0, dtype=x.dtype) * x"),
               device="meta"),
         wrong("hvp", "v moved to the CPU", ("grad_outputs=v)", "grad_outputs=v.cpu())"), device="cuda"),
+    ],
+    "07_engine_and_dispatcher": [
+        wrong("clip_gradients", "the factor as a tensor of the gradient's shape made on the CPU",
+              ("            return grad * (max_norm / norm)  # a new tensor: the incoming one may be shared",
+               "            return grad * torch.full(grad.shape, float(max_norm / norm), dtype=grad.dtype)"),
+              device="cuda"),
+        wrong("backward_memory", "counts in thread-local storage: the engine's CUDA thread has its own",
+              source=_THREAD_LOCAL_METER, device="cuda"),
     ],
     "08_memory": [
         wrong("leaky_relu", "the mask offloaded to the CPU", ("positive = x > 0", "positive = (x > 0).cpu()"),
