@@ -85,6 +85,7 @@ def check_function(
     name: str | None = None,
     double_backward: bool = True,
     surrogate_gradient: bool = False,
+    needs_input_grad: bool = True,
     keeps_dtype: bool = True,
     autograd_in_backward: bool = False,
     vmap: bool | None = None,
@@ -92,27 +93,32 @@ def check_function(
     max_saved_bytes: int | Callable[..., int] | None = None,
     seed: int = 0,
 ) -> None:
-    """Check a `torch.autograd.Function` subclass (or a `torch.library.custom_op`) for the
-    bug classes of the course's exercises; print a ✔ line for each group of checks that
-    passed, and raise CheckFailed with the course's message (the input, expected and
-    actual, the likely cause) on the first failure.
+    """Check a `torch.autograd.Function` subclass (or a `torch.library.custom_op`, or a
+    function that calls one) for the bug classes of the course's exercises; print a ✔ line
+    for each group of checks that passed, and raise CheckFailed with the course's message
+    (the input, the expected and actual values, the likely cause) on the first failure.
 
     `inputs`: the arguments of one call (a tuple; a lone tensor for one argument), a list of
     such tuples, or a function of a `torch.Generator` returning either (drawn from `seed`).
     Every floating-point tensor argument is differentiated, in float64 (the Function also
     runs in float32); other arguments are passed as they are.
     `reference`: a function of the same arguments, made of torch operations, whose values
-    and autograd gradients are the right ones (a surrogate gradient can be written with
-    `.detach()`: `x + (x.round() - x).detach()` is a straight-through round).
-    `double_backward`: the gradient is differentiable (gradgradcheck). `surrogate_gradient`:
-    backward deliberately is not the derivative of forward (a straight-through estimator,
-    gradient reversal), so gradcheck does not apply. `keeps_dtype`: float32 inputs give
-    float32 outputs. `autograd_in_backward`: backward may ask autograd (recomputation).
-    `vmap`: None checks vmap where the Function declares a rule (`generate_vmap_rule` or a
-    `vmap` staticmethod), True insists, False skips. `compile`: True checks
-    torch.compile(backend="aot_eager") on the first input, "fullgraph" also in one graph (it
-    resets torch.compile's caches). `max_saved_bytes`: what one call may save for backward
-    at most, a number or a function of the call's arguments.
+    and autograd gradients are the right ones (a surrogate gradient is written with
+    `.detach()`: `x + (x.round() - x).detach()` rounds, and its gradient is 1).
+
+    What the Function promises, where it differs from the defaults:
+    `double_backward=False`: its gradient need not be differentiable (no gradgradcheck).
+    `surrogate_gradient=True`: backward deliberately is not the derivative of forward (a
+    straight-through estimator, gradient reversal): no gradcheck.
+    `needs_input_grad=False`: backward may compute gradients nobody asked for.
+    `keeps_dtype=False`: float32 inputs may give other outputs than float32.
+    `autograd_in_backward=True`: backward may ask autograd (recomputation, checkpointing).
+    `vmap`: None checks torch.func.vmap where the Function declares a rule
+    (`generate_vmap_rule` or a `vmap` staticmethod), True insists, False skips.
+    `compile=True` checks torch.compile(backend="aot_eager") on the first input,
+    "fullgraph" in one graph (either resets torch.compile's caches).
+    `max_saved_bytes`: what one call may save for backward, a number or a function of the
+    call's arguments (whose requires_grad say which gradients are needed).
     """
     __tracebackhide__ = True
     generator = seeded.generator(seed)
@@ -123,21 +129,17 @@ def check_function(
     )
     names = probe.argument_names(fn)
     facts = transforms.describe(fn)
-    function = facts.get("kind") == "Function"
     with quiet():
         _runs(fn, spec, cases, names, generator)
         if reference is None:
             _float32(fn, spec, cases[0], names, generator)
             meta = functions.on_meta(fn, cases, names)
-    if reference is None:
-        _passed_alone(spec, cases, meta)
-    else:
+    _passed_runs(spec, cases, meta if reference is None else None)
+    if reference is not None:
         functions.check_function(fn, spec, seed=seed)
     with quiet():
-        _needs_input_grad(fn, spec, cases, names, generator, function)
-    if function:
+        _needs_input_grad(fn, spec, cases, names, generator, facts.get("kind") == "Function" and needs_input_grad)
         _memory(fn, spec, cases, names, max_saved_bytes)
-    with quiet():
         _special_points(fn, spec, cases, names, generator)
     _transforms(fn, spec, cases, names, generator, facts, vmap, compile)
 
@@ -349,15 +351,19 @@ def _float32(fn, spec, args: tuple, names: list[str], generator) -> None:
                  "overflows in float32 (beyond 88.7), a constant rounded to float32 too early.")
 
 
-def _passed_alone(spec, cases: list[tuple], meta: str) -> None:
+def _passed_runs(spec, cases: list[tuple], meta: str | None) -> None:
+    """What `_runs` (and without a reference `_float32` and the meta run) checked."""
     tools = [t for t, on in (("gradcheck", not spec.surrogate_gradient), ("gradgradcheck", spec.double_backward))
-             if on]
+             if on and meta is not None]
     checked = f"; {' and '.join(tools)} pass{'es' if len(tools) == 1 else ''}" if tools else ""
     passed(f"{spec.name}: forward and backward run on {len(cases)} input(s){checked} (float64, "
-           f"{', '.join(devices.available())}); called again, the same values; inputs and grad_output unchanged.")
+           f"{', '.join(devices.available())}); called again, the same values; backward linear in grad_output; "
+           "inputs and grad_output unchanged.")
     note("grad_output given not contiguous and expanded: the same gradients.")
     if not spec.autograd_in_backward:
         note("backward asks autograd for nothing (watched in this process: best effort).")
+    if meta is None:
+        return
     if spec.keeps_dtype:
         note("float32 inputs: outputs in float32, values and gradients as in float64 to float32's precision.")
     note(meta)
@@ -367,20 +373,20 @@ def _passed_alone(spec, cases: list[tuple], meta: str) -> None:
 
 # --- ctx.needs_input_grad -------------------------------------------------------------------
 
-def _needs_input_grad(fn, spec, cases: list[tuple], names: list[str], generator, function: bool) -> None:
-    """With only some inputs requiring grad, backward returns None for the others and the
-    same gradients for those (the reference's, compared by functions.check_function, or the
-    Function's own with every input requiring grad); with one output used alone, the
-    gradients of the others taken as zeros. A Function returns gradients of its inputs'
-    shapes."""
+def _needs_input_grad(fn, spec, cases: list[tuple], names: list[str], generator, judged: bool) -> None:
+    """With only some inputs requiring grad: the same gradients for those (the reference's,
+    compared by functions.check_function, or else the Function's own with every input
+    requiring grad), and where `judged` (a Function), no gradient computed for the others;
+    with one output used alone, the gradients of the others taken as zeros. A gradient that
+    autograd's engine sums down to its input's shape is noted."""
     __tracebackhide__ = True
     labels = functions._labels(names, max(map(len, cases)))
-    tried, summed = False, None
+    said, summed = [], None
     for args in cases:
         args = devices.prepare(args, "cpu")
         slots = _slots(args)
         subsets = _subsets(slots)
-        for subset in subsets if function else ():
+        for subset in subsets if judged else ():
             part = tuple(a.detach().requires_grad_(i in subset) if i in slots else a for i, a in enumerate(args))
             facts = introspect.record_backward(fn, part)
             wanted = f"when only {' and '.join(f'`{labels[i]}`' for i in subset)} " + (
@@ -389,20 +395,21 @@ def _needs_input_grad(fn, spec, cases: list[tuple], names: list[str], generator,
                 functions._fail_error(spec, facts.error, names, functions._describe(part, names), part,
                                       when=f"{wanted} grad")
             shared = facts.shared + [False] * len(facts.returned)
-            for i, grad in zip(range(len(args)), facts.returned):
+            for i, grad in enumerate(facts.returned):
                 if i in slots and i not in subset and grad is not None and not shared[i]:
-                    fail(f"{spec.name}: {wanted} grad, backward still returned a gradient for `{labels[i]}`.",
+                    fail(f"{spec.name}: {wanted} grad, backward still computes a gradient for `{labels[i]}`.",
                          *functions._describe(part, names),
-                         cause=f"return None for `{labels[i]}` when `ctx.needs_input_grad[{i}]` is False: autograd "
-                         "throws that gradient away, and computing it costs time (a frozen layer's weight "
-                         "gradient is a whole matrix product).")
-        if function:
+                         cause=f"return None for `{labels[i]}` when `ctx.needs_input_grad[{i}]` is False, without "
+                         "computing it: autograd throws that gradient away (a frozen layer's weight gradient is a "
+                         "whole matrix product for nothing). If that is all right here, pass "
+                         "needs_input_grad=False.")
+            said = said or ["for each combination of inputs requiring grad, backward computes no gradient nobody "
+                            "needs (it returns None, or a tensor it returns for another input anyway)"]
+        if isinstance(fn, type) and issubclass(fn, torch.autograd.Function):
             summed = summed or _summed_by_the_engine(fn, spec, args, names)
-        if spec.reference is None:
-            tried |= _agree_in_part(fn, spec, args, names, generator, subsets)
-    said = ["for each combination of inputs requiring grad, backward returns None for those that need no "
-            "gradient"] if function and any(len(_slots(args)) > 1 for args in cases) else []
-    said += ["the gradients agree with those when every input requires grad and every output is used"] if tried else []
+        if spec.reference is None and _agree_in_part(fn, spec, args, names, generator, subsets):
+            said = said[:1] + ["the gradients agree with those when every input requires grad and every output is "
+                               "used"]
     if said:
         passed(f"{spec.name}: {'; '.join(said)}.")
     if summed:
@@ -469,37 +476,54 @@ def _agree_in_part(fn, spec, args: tuple, names: list[str], generator, subsets: 
 def _memory(fn, spec, cases: list[tuple], names: list[str], budget: int | Callable[..., int] | None) -> None:
     """Nothing stashed on ctx nor kept alive elsewhere, after forward and after backward;
     backward leaves the saved tensors and grad_output unchanged; what is saved, reported,
-    and within `budget` bytes where one is given (observed in this process: best effort)."""
+    and where a budget is given, within it for every combination of inputs requiring grad
+    (observed in this process: best effort)."""
     __tracebackhide__ = True
     named = Names(args=names)
     first = None
     for args in cases:
         args = devices.prepare(args, "cpu")
-        with quiet():
+        slots = _slots(args)
+        calls = [args] + ([tuple(a.detach().requires_grad_(i in subset) if i in slots else a
+                                 for i, a in enumerate(args)) for subset in _subsets(slots)]
+                          if budget is not None else [])
+        for call in calls:
             try:
-                recording, backward = saved_checks.observe(fn, args)
+                recording, backward = saved_checks.observe(fn, call)
             except probe.StudentError:
-                continue  # (forward raised: the runs above said so)
-        if recording.stashed:
-            path, s = next(iter(recording.stashed.items()))
-            cycle = saved_checks.CYCLE if s.kind == "output" and s.graph else ""
-            fail(f"{spec.name}: tensor `ctx.{path}` ({saved_checks.describe(s, recording, named)}) is stashed on "
-                 "ctx.", cause=saved_checks.STASHED.format(cycle=cycle))
-        saved_checks.check_nothing_kept(spec.name, recording, named)
-        saved_checks.check_backward_left_alone(spec.name, recording, backward, named)
-        allowed = budget(*args) if callable(budget) else budget
-        if allowed is not None and recording.nbytes > allowed:
-            fail(f"{spec.name} saves {recording.nbytes} bytes for backward, more than the {allowed} allowed.",
-                 *functions._describe(args, names), summary(recording, named),
-                 cause="save only what the gradient formula reads: the output rather than the input it was "
-                 "computed from (when the derivative is a function of the output), a boolean mask (1 byte an "
-                 "element) rather than a float tensor, and nothing for a gradient ctx.needs_input_grad does not "
-                 "ask for.")
-        first = first or recording
+                break  # (forward raised: the runs above said so)
+            _kept(spec, recording, backward, named)
+            allowed = budget(*call) if callable(budget) else budget
+            if allowed is not None and recording.nbytes > allowed:
+                needing = [names[i] if i < len(names) else f"input {i}" for i in slots if call[i].requires_grad]
+                fail(f"{spec.name} saves {recording.nbytes} bytes for backward, more than the {allowed} allowed "
+                     f"(when {', '.join(f'`{n}`' for n in needing)} require{'s' if len(needing) == 1 else ''} "
+                     "grad).", *functions._describe(call, names), summary(recording, named),
+                     cause="save only what the gradient formula reads: the output rather than the input it was "
+                     "computed from (when the derivative is a function of the output), a boolean mask (1 byte an "
+                     "element) rather than a float tensor, and nothing for a gradient ctx.needs_input_grad does not "
+                     "ask for.")
+            first = first or recording
     passed(f"{spec.name}: nothing stashed on ctx, nothing kept alive elsewhere after forward and after backward; "
-           "backward leaves the saved tensors and grad_output unchanged (observed in this process: best effort).")
+           "backward leaves the saved tensors and grad_output unchanged" + (
+               "; within the budget of bytes saved" if budget is not None else "") +
+           " (observed in this process: best effort).")
     if first is not None:
         note(f"on the first input, {summary(first, named)}".replace("\n  ", "\n    "))
+
+
+def _kept(spec, recording, backward, named: Names) -> None:
+    __tracebackhide__ = True
+    # (an integer state on ctx, the random generator's as torch.utils.checkpoint keeps it, is no tensor of the graph)
+    stashed = [(path, s) for path, s in recording.stashed.items()
+               if s.kind != "intermediate" or s.tensor.is_floating_point()]
+    if stashed:
+        path, s = stashed[0]
+        cycle = saved_checks.CYCLE if s.kind == "output" and s.graph else ""
+        fail(f"{spec.name}: tensor `ctx.{path}` ({saved_checks.describe(s, recording, named)}) is stashed on ctx.",
+             cause=saved_checks.STASHED.format(cycle=cycle))
+    saved_checks.check_nothing_kept(spec.name, recording, named)
+    saved_checks.check_backward_left_alone(spec.name, recording, backward, named)
 
 
 # --- Special points --------------------------------------------------------------------------
