@@ -3,7 +3,7 @@
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     """`from autograder import check_function`: the course's checks for anyone's own Function,
     imported when asked for (torch with it), so the command line starts without it."""
     if name == "check_function":

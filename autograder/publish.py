@@ -235,8 +235,8 @@ def build_package(out: Path, root: Path = authoring.ROOT, self_study: bool = Fal
     url = student_repository(root, self_study)
     package = out / "autograder"
     package.mkdir(parents=True, exist_ok=True)
-    (package / "__init__.py").write_text(INIT.format(version=version) + _after_version(source / "__init__.py"))
     source = root / "autograder"
+    (package / "__init__.py").write_text(INIT.format(version=version) + _after_version(source / "__init__.py"))
     for name in STUDENT_PACKAGES:
         target = package / name
         if target.exists():

@@ -19,7 +19,8 @@ class Real:
     inputs: Callable[[torch.Generator], tuple]
     reference: Callable[..., Any] | None = None
     options: dict = field(default_factory=dict)
-    caught: str | None = None  # a wrong one: what its failure says (without a reference where it has none)
+    # A wrong one: what its failure says (without a reference, then with it, where they differ).
+    caught: str | tuple[str, str] = ""
 
 
 # --- A straight-through estimator (quantization-aware training) ----------------------------
@@ -48,6 +49,23 @@ class SignSTE(torch.autograd.Function):
     def backward(ctx, grad_output):
         (x,) = ctx.saved_tensors
         return grad_output * (x.abs() <= 1).to(grad_output.dtype)
+
+
+class SigmoidSTE(torch.autograd.Function):
+    """Wrong: the straight-through gradient taken from autograd, on a recomputed surrogate."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return (x > 0).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            x = x.detach().requires_grad_()
+            (grad,) = torch.autograd.grad(torch.sigmoid(x), x, grad_output)
+        return grad
 
 
 def straight_round(x):
@@ -114,6 +132,26 @@ class BiasGeLUFloat64(BiasGeLUReduced):
         return _bias_gelu(bias.double(), input.double())
 
 
+class BiasGeLUCpuScale(BiasGeLUReduced):
+    """Wrong: a per-feature scale made with torch.full, which lives on the CPU."""
+
+    @staticmethod
+    def forward(ctx, input, bias):
+        ctx.save_for_backward(input, bias)
+        return _bias_gelu(bias, input) * torch.full((input.shape[-1],), 1.0, dtype=input.dtype)
+
+
+class BiasGeLUFlattened(BiasGeLUReduced):
+    """Wrong: backward flattens grad_output with .view, as a fused kernel's wrapper would."""
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        input, bias = ctx.saved_tensors
+        flat = _bias_gelu_back(grad_output.view(-1), bias.repeat(input.shape[0]), input.view(-1))
+        tmp = flat.view(input.shape)
+        return (tmp if ctx.needs_input_grad[0] else None), (tmp.sum(0) if ctx.needs_input_grad[1] else None)
+
+
 def tanh_gelu(input, bias):
     return F.gelu(input + bias, approximate="tanh")
 
@@ -176,6 +214,23 @@ class RMSNormStashed(RMSNorm):
         return grad_x, grad_weight, None
 
 
+class RunningCenter(torch.autograd.Function):
+    """Wrong: centres with a running mean it updates on every call (state between calls)."""
+
+    running = None
+
+    @staticmethod
+    def forward(ctx, x):
+        mean = x.detach().mean(0)
+        old = RunningCenter.running
+        RunningCenter.running = mean if old is None or old.shape != mean.shape else 0.9 * old + 0.1 * mean
+        return x - RunningCenter.running
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return grad_output
+
+
 def rms_norm(x, weight, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
@@ -224,6 +279,26 @@ class ChunkedCrossEntropyLeaky(ChunkedCrossEntropy):
         (grad,) = ctx.saved_tensors
         _SEEN.append(grad)
         return grad * grad_output, None, None
+
+
+class ChunkedCrossEntropySavesAll(ChunkedCrossEntropy):
+    """Wrong: keeps the logits too, "in case backward needs them" (it does not)."""
+
+    @staticmethod
+    def forward(ctx, logits, target, chunk):
+        loss = ChunkedCrossEntropy.forward(ctx, logits, target, chunk)
+        ctx.save_for_backward(*ctx.to_save, logits)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad, _ = ctx.saved_tensors
+        return grad * grad_output, None, None
+
+
+def logits_only(logits, target, chunk):
+    """What a chunked loss needs to keep: one gradient the size of the logits."""
+    return logits.numel() * logits.element_size()
 
 
 def cross_entropy(logits, target, chunk):
@@ -308,6 +383,15 @@ class SoftplusItem(Softplus):
         return torch.log1p(torch.exp(beta * x)) / beta
 
 
+class SoftplusJvpForgetsBeta(Softplus):
+    """Wrong: the tangent's slope without β."""
+
+    @staticmethod
+    def jvp(ctx, x_t, beta_t):
+        (x,) = ctx.saved_tensors
+        return x_t * torch.sigmoid(x)
+
+
 def softplus(x, beta):
     return F.softplus(x, beta)
 
@@ -334,14 +418,30 @@ WRONG = [
     Real("bias GELU promoting float32 to float64", BiasGeLUFloat64, _activations, tanh_gelu,
          caught="given float32 inputs, forward returned torch.float64"),
     Real("RMSNorm ignoring needs_input_grad", RMSNormAllGrads, _normalized, rms_norm, {"double_backward": False},
-         caught="backward still returned a gradient for `weight`"),
+         caught="backward still computes a gradient for `weight`"),
     Real("RMSNorm stashing rstd on ctx", RMSNormStashed, _normalized, rms_norm, {"double_backward": False},
          caught="`ctx.rstd`"),
     Real("chunked cross-entropy keeping every gradient in a list", ChunkedCrossEntropyLeaky, _scored, cross_entropy,
          {"double_backward": False}, caught="kept by the global variable `_SEEN`"),
     Real("gradient reversal forgetting grad_output", GradientReversalOnes, lambda g: (torch.randn(3, 4, generator=g),
                                                                                       0.5),
-         reversal, {"surrogate_gradient": True}, caught="wrong gradient for `x`"),
+         reversal, {"surrogate_gradient": True}, caught="not linear in grad_output"),
     Real("softplus with exp(βx) / (1 + exp(βx))", SoftplusNaive, _activated, softplus, caught="nan"),
     Real("softplus reading .item() in forward", SoftplusItem, _activated, softplus, caught="vmap"),
+    Real("softplus whose jvp forgets β", SoftplusJvpForgetsBeta, _activated, softplus, caught="forward"),
+    Real("bias GELU scaled by a tensor made on the CPU", BiasGeLUCpuScale, _activations, tanh_gelu,
+         caught="on another device (meta"),
+    Real("bias GELU flattening grad_output with .view", BiasGeLUFlattened, _activations, tanh_gelu,
+         caught="not contiguous"),
+    Real("centring with a running mean updated on every call", RunningCenter, lambda g: (torch.randn(4, 3,
+                                                                                                      generator=g),),
+         caught="called again with the same inputs"),
+    Real("RMSNorm from a saved rstd, promised twice differentiable", RMSNorm, _normalized, rms_norm,
+         caught=("gradgradcheck failed", "double backward is wrong")),
+    Real("chunked cross-entropy keeping the logits too", ChunkedCrossEntropySavesAll, _scored, cross_entropy,
+         {"double_backward": False, "max_saved_bytes": logits_only}, caught="more than the 280 allowed"),
+    Real("straight-through sigmoid taken from autograd in backward", SigmoidSTE,
+         lambda g: (torch.randn(6, generator=g),), lambda x: torch.sigmoid(x) + ((x > 0).to(x.dtype)
+                                                                                 - torch.sigmoid(x)).detach(),
+         {"surrogate_gradient": True}, caught="asks autograd"),
 ]

@@ -198,6 +198,8 @@ def _runs(fn: Any, spec: functions.FunctionSpec, cases: list[tuple], names: list
         plain = ["plain", "plain"]
         runs = [probe.Run(args, vs, ws, functions.LAYOUTS, watch=not spec.autograd_in_backward)
                 for args, vs, ws in zip(prepared, grad_outputs, grad_grads)]
+        # Then calls on the same values shuffled, whose results count for nothing but what state they leave.
+        runs += [probe.Run(_shuffled(args, generator), [], None) for args in prepared]
         runs += [probe.Run(args, vs, None, functions.LAYOUTS) for args, vs in zip(prepared, grad_outputs)]
         runs += [probe.Run(args, vs, None, plain) for args, vs in zip(prepared, grad_outputs)]
         runs += [probe.Run(args, [[2 * v for v in vs[0]], [v + w for v, w in zip(*vs)]], None, plain)
@@ -205,9 +207,45 @@ def _runs(fn: Any, spec: functions.FunctionSpec, cases: list[tuple], names: list
         found = probe.run_many(fn, runs)
         n = len(prepared)
         for k, args in enumerate(prepared):
-            _judge(spec, args, names, grad_outputs[k], *found[k::n])
+            first, _, *others = found[k::n]
+            _judge(spec, args, names, grad_outputs[k], first, *others)
             if spec.reference is None:
                 functions._gradcheck(fn, spec, args, names, rounded=_rounded(args, found[k].outputs))
+                if spec.double_backward and not spec.surrogate_gradient:
+                    _connected(fn, spec, args, names, first, grad_grads[k])
+
+
+def _connected(fn, spec, args: tuple, names: list[str], first: probe.Observed, ws: list[torch.Tensor]) -> None:
+    """The derivative of <gradients, w> with respect to grad_output is the Jacobian of forward
+    applied to w: central differences of forward along w must give it. (gradgradcheck skips a
+    gradient that autograd cannot differentiate at all, one computed outside torch.)"""
+    __tracebackhide__ = True
+    slots = _slots(args)
+    plain = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
+    moved = [tuple(a + sign * EPS * ws[slots.index(i)] if i in slots else a for i, a in enumerate(plain))
+             for sign in (1, -1)]
+    plus, minus = probe.forward_many(fn, moved)
+    if isinstance(plus, probe.ProbeError) or isinstance(minus, probe.ProbeError) or first.grads2 is None:
+        return  # (raised a step away: gradcheck has said so)
+    floating = [(p, m) for p, m in zip(plus, minus) if probe.differentiable(p)]
+    for k, ((p, m), got) in enumerate(zip(floating, first.grads2[len(slots):])):
+        numeric = ((p - m) / (2 * EPS)).cpu()
+        got = torch.zeros_like(numeric) if got is None else got.cpu()
+        if got.shape == numeric.shape and not torch.allclose(got, numeric, rtol=1e-3, atol=1e-5):
+            fail(f"{spec.name}: double backward is wrong: the gradient of your gradient with respect to "
+                 f"grad_output{'' if len(floating) == 1 else f' {k}'} differs from finite differences of your own "
+                 "forward.", *functions._describe(args, names), *_difference(numeric, got),
+                 cause="backward is linear in grad_output, so its derivative with respect to grad_output along w is "
+                 "forward's derivative along w. Part of your gradient is a constant to autograd: a step of backward "
+                 "leaves torch (NumPy, `.detach()`, `.item()`, a helper Function marked @once_differentiable or "
+                 "whose backward does).")
+
+
+def _shuffled(args: tuple, generator: torch.Generator) -> tuple:
+    """`args` with the entries of each tensor shuffled: the same values (so the same domain), in
+    other places."""
+    return tuple(a.detach().reshape(-1)[torch.randperm(a.numel(), generator=generator)].reshape(a.shape)
+                 .requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args)
 
 
 def _forwards(fn: Any, spec: functions.FunctionSpec, prepared: list[tuple], names: list[str]) -> list[list]:
@@ -277,13 +315,14 @@ def _judge(spec, args: tuple, names: list[str], grad_outputs: list[list[torch.Te
                      f"{functions.LAYOUT_WORDS[layout]} than given the same values contiguous.", *shown, given[k],
                      *_difference(contiguous, was), cause=LAYOUT)
     one, ones = plain.grads
-    for what, grads, want in (("2 × grad_output", scaled.grads[0], [_times(2, g) for g in one]),
-                              ("grad_output + 1", scaled.grads[1], [_plus(g, h) for g, h in zip(one, ones)])):
+    for what, grads, want, words in (
+            ("2 × grad_output", scaled.grads[0], [_times(2, g) for g in one], "twice the one given grad_output"),
+            ("grad_output + 1", scaled.grads[1], [_plus(g, h) for g, h in zip(one, ones)],
+             "the sum of those given grad_output and given ones")):
         for label, got, expected in zip(wrt, grads, want):
             if not _same(expected, got):
                 fail(f"{spec.name}: backward is not linear in grad_output: given {what}, the gradient for "
-                     f"`{label}` is not {'twice the one given grad_output' if what[0] == '2' else 'the sum of those given grad_output and given ones'}.",
-                     *shown, given[0], *_difference(expected, got), cause=LINEAR)
+                     f"`{label}` is not {words}.", *shown, given[0], *_difference(expected, got), cause=LINEAR)
 
 
 def _times(c: float, g: torch.Tensor | None) -> torch.Tensor | None:
@@ -656,34 +695,45 @@ def _transforms(fn, spec, cases: list[tuple], names: list[str], generator, facts
         _custom_op(fn, spec, cases, names)
     claimed = bool(facts.get("vmap") or facts.get("generate_vmap_rule"))
     if vmap or (vmap is None and claimed):
+        # (a custom op's autograd is a classic Function inside, which torch.func cannot differentiate under
+        # vmap: its rule is checked without vmap's per-sample fallback, on outputs)
+        op = facts.get("kind") == "CustomOpDef"
         transforms.check_vmap(fn, spec.name, judge, _vmap_cases(cases, generator), names, generator,
+                              per_sample=not op, grad_of_vmap=not op, fallback=not op,
                               hint=lambda case, got, want: None if want is not None else VMAP)
-        passed(f"{spec.name}: under torch.func.vmap, outputs, per-sample gradients and gradients through vmap "
-               f"agree with {against}.")
+        passed(f"{spec.name}: under torch.func.vmap, " + ("outputs agree (its vmap rule, no fallback)" if op else
+                                                          "outputs, per-sample gradients and gradients through vmap "
+                                                          "agree") + f" with {against}.")
     elif vmap is None and facts.get("kind") == "Function":
         note("vmap: not checked (no vmap rule declared: `generate_vmap_rule = True` or a `vmap` staticmethod).")
     if facts.get("jvp"):
-        transforms.check_forward_ad(fn, spec.name, judge, cases, names, generator, jacfwd=claimed,
-                                    hessian=claimed and spec.double_backward)
+        # (without a reference, finite differences of forward judge the tangents: jacfwd and hessian only
+        # compare the Function with itself)
+        compared = claimed and spec.reference is not None
+        transforms.check_forward_ad(fn, spec.name, judge, cases, names, generator, jacfwd=compared,
+                                    hessian=compared and spec.double_backward)
         passed(f"{spec.name}: forward-mode AD (jvp) agrees with {against if spec.reference is not None else 'backward'}"
                " and with finite differences of your forward (gradcheck(check_forward_ad=True)).")
     if compile:
         fullgraph = compile == "fullgraph"
         transforms.check_compile(fn, spec.name, judge, cases[:1], names, generator, fullgraph=fullgraph, facts=facts)
+        eagerly = "the reference" if spec.reference is not None else "your Function run eagerly"
         passed(f"{spec.name}: torch.compile(backend='aot_eager'{', fullgraph=True' if fullgraph else ''}): outputs "
-               f"and gradients agree with {'the reference' if spec.reference is not None else 'your Function run eagerly'}.")
+               f"and gradients agree with {eagerly}.")
 
 
 def _vmap_cases(cases: list[tuple], generator: torch.Generator) -> list[transforms.VmapCase]:
-    """Each case as a batch of three along dim 0 of every tensor: the case, and its tensors'
-    entries shuffled twice (the same values, so the same domain)."""
-    def shuffled(t: torch.Tensor) -> torch.Tensor:
-        return t.reshape(-1)[torch.randperm(t.numel(), generator=generator)].reshape(t.shape)
+    """Each case as a batch of three along dim 0 of every floating-point tensor: the case, and
+    twice its entries each shrunk towards 0 by a random factor in [0.5, 1] (so signs, zeros,
+    infinities and bounds around 0 stay: the same domain); other arguments (integer targets,
+    say) shared by the samples."""
+    def shrunk(t: torch.Tensor) -> torch.Tensor:
+        return t * (1 - torch.rand(t.shape, generator=generator, dtype=t.dtype) / 2)
 
     return [transforms.VmapCase(
-        tuple(torch.stack([a, shuffled(a), shuffled(a)]) if isinstance(a, torch.Tensor) else a for a in args),
-        (tuple(0 if isinstance(a, torch.Tensor) else None for a in args),))
-        for args in cases if any(isinstance(a, torch.Tensor) for a in args)]
+        tuple(torch.stack([a, shrunk(a), shrunk(a)]) if probe.differentiable(a) else a for a in args),
+        (tuple(0 if probe.differentiable(a) else None for a in args),))
+        for args in cases if _slots(args)]
 
 
 def _custom_op(op, spec, cases: list[tuple], names: list[str]) -> None:

@@ -508,9 +508,10 @@ def _gradcheck(student: Any, spec: FunctionSpec, args: tuple, names: list[str], 
         if error is not None:
             lines = str(error).strip().splitlines()
             fail(
-                f"{spec.name}: torch.autograd.{label} failed although the values agree with the reference.",
+                f"{spec.name}: torch.autograd.{label} failed"
+                + (" although the values agree with the reference." if spec.reference is not None else "."),
                 *(lines[:12] + (["..."] if len(lines) > 12 else [])),
-                cause=ROUNDED if rounded else explain.gradcheck_cause(str(error), label),
+                cause=ROUNDED if rounded else explain.gradcheck_cause(str(error), label, spec.reference is not None),
             )
 
 
