@@ -1,9 +1,11 @@
 """"Backward computes its own gradient" holds against every route to autograd: another
-thread, a thread pool made earlier, the engine's own entry point, torch-function handling
-disabled, torch.func, forward-mode AD, spans named like the watch's own, and a backward
-that behaves otherwise when it sees a profiler — each fails with the evidence, judged in
-the student's own kernel and through the wire as the grader judges; an honest backward
-passes, on every run."""
+thread, a thread pool made earlier, the engine's own entry point, a node called directly
+(in any thread), torch-function handling disabled, torch.func, forward-mode AD, spans named
+like the watch's own, the watch's profiler stopped, paused or restarted or its spans
+silenced, the Function renamed after it was made or its `apply` replaced by plain
+operations, and a backward that behaves otherwise when it sees a profiler — each fails with
+the evidence, judged in the student's own kernel and through the wire as the grader
+judges; an honest backward passes, on every run."""
 from __future__ import annotations
 
 import threading
@@ -17,6 +19,7 @@ from autograder.checks import evidence
 from autograder.checks.functions import check_function
 from autograder.checks.remote import Remote, loopback
 from autograder.exercises.function_basics import CLIPPED_RELU
+from autograder.student import introspect
 from autograder.student.report import CheckFailed
 
 FIRST_ORDER = replace(CLIPPED_RELU, double_backward=False)
@@ -36,11 +39,14 @@ def _engine(x, g, clip):
         return run((leaf.clamp(0, clip),), (g,), False, False, (leaf,), False, False)[0]
 
 
-def _thread(x, g, clip):
-    found = {}
-    worker = threading.Thread(target=lambda: found.update(g=_autograd(x, g, clip)))
-    worker.start(), worker.join()
-    return found["g"]
+def _in_a_thread(route):
+    def gradient(x, g, clip):
+        found = {}
+        worker = threading.Thread(target=lambda: found.update(g=route(x, g, clip)))
+        worker.start(), worker.join()
+        return found["g"]
+
+    return gradient
 
 
 def _forward_ad(x, g, clip):
@@ -73,15 +79,48 @@ def _unless_watched(x, g, clip):
     return _autograd(x, g, clip)
 
 
-ROUTES = {
-    "torch.autograd.grad": _autograd,
-    "the engine's entry point": _engine,
-    "another thread": _thread,
-    "a thread pool made earlier": lambda x, g, c: POOL.submit(_autograd, x, g, c).result(),
-    "torch-function handling disabled": lambda x, g, c: _disabled(_autograd, x, g, c),
-    "torch.func.vjp": _func,
-    "forward-mode AD": _forward_ad,
-    "spans that mimic the watch's own": _mimicking_the_watch,
+def _node(x, g, clip):
+    """The node of a clamp, called directly: no engine at all."""
+    with torch.enable_grad():
+        y = x.detach().requires_grad_().clamp(0, clip)
+    found = y.grad_fn(g)
+    return found[0] if isinstance(found, tuple) else found
+
+
+def _profiler_stopped(x, g, clip):
+    torch._C._autograd._disable_profiler()
+    return _autograd(x, g, clip)
+
+
+def _profiler_paused(x, g, clip):
+    from torch._C._profiler import ProfilerActivity
+
+    torch._C._autograd._toggle_collection_dynamic(False, {ProfilerActivity.CPU})
+    return _autograd(x, g, clip)
+
+
+def _profiler_restarted(x, g, clip):
+    """A session of its own instead of the watch's (which ends it)."""
+    torch._C._autograd._disable_profiler()
+    torch.autograd.profiler.profile(use_kineto=True).__enter__()
+    return _autograd(x, g, clip)
+
+
+ENGINE, LOST = "autograd's engine ran", "the profiler that watched it was stopped while it ran"
+ROUTES = {  # name: (backward's gradient, what the evidence says)
+    "torch.autograd.grad": (_autograd, ENGINE),
+    "the engine's entry point": (_engine, ENGINE),
+    "another thread": (_in_a_thread(_autograd), ENGINE),
+    "a thread pool made earlier": (lambda x, g, c: POOL.submit(_autograd, x, g, c).result(), ENGINE),
+    "torch-function handling disabled": (lambda x, g, c: _disabled(_autograd, x, g, c), ENGINE),
+    "torch.func.vjp": (_func, ENGINE),
+    "forward-mode AD": (_forward_ad, ENGINE),
+    "spans that mimic the watch's own": (_mimicking_the_watch, ENGINE),
+    "a node called directly": (_node, "autograd's engine ran ClampBackward1"),
+    "a node called directly in a thread": (_in_a_thread(_node), "autograd's engine ran ClampBackward1"),
+    "the profiler stopped": (_profiler_stopped, LOST),
+    "the profiler paused": (_profiler_paused, LOST),
+    "the profiler restarted": (_profiler_restarted, LOST),
 }
 
 
@@ -116,10 +155,43 @@ def _judged(student, remote: bool):
 @pytest.mark.parametrize("remote", [False, True], ids=["kernel", "grader"])
 @pytest.mark.parametrize("route", list(ROUTES))
 def test_every_route_to_autograd_fails_with_the_evidence(route, remote):
-    with evidence.collected() as found, pytest.raises(CheckFailed, match="asks autograd for its gradient: autograd's"):
-        check_function(Remote("ClippedReLU", loopback({"ClippedReLU": clipped(ROUTES[route])})) if remote
-                       else clipped(ROUTES[route]), FIRST_ORDER, seed=0)
+    gradient, said = ROUTES[route]
+    with evidence.collected() as found, pytest.raises(CheckFailed, match=f"asks autograd for its gradient: {said}"):
+        check_function(Remote("ClippedReLU", loopback({"ClippedReLU": clipped(gradient)})) if remote
+                       else clipped(gradient), FIRST_ORDER, seed=0)
     assert found and "best effort" in found[0]
+
+
+def renamed(monkeypatch):
+    """Its name (which its node's name was made from) changed after it was made."""
+    function = clipped(_autograd)
+    function.__name__ = function.__qualname__ = "Clamp"
+    return function
+
+
+def applied_as_plain_operations(monkeypatch):
+    """No Function at all: `apply` is torch's own clamp, whose gradient autograd computes."""
+    function = clipped(lambda x, g, c: g * ((x > 0) & (x < c)))
+    function.apply = staticmethod(lambda x, clip: x.clamp(0, clip))
+    return function
+
+
+def with_spans_silenced(monkeypatch):
+    """The profiler's spans made no-ops before the check (a test cell puts torch back first
+    when grading), so the watch's runs leave none."""
+    span = torch.autograd.profiler.record_function
+    monkeypatch.setattr(span, "__enter__", lambda self: self)
+    monkeypatch.setattr(span, "__exit__", lambda self, *args: None)
+    return clipped(_autograd)
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["kernel", "grader"])
+@pytest.mark.parametrize(("made", "said"), [
+    (renamed, ENGINE), (applied_as_plain_operations, "its output came from ClampBackward1, not from the Function"),
+    (with_spans_silenced, LOST)])
+def test_routes_around_the_watch_fail_with_the_evidence(made, said, remote, monkeypatch):
+    with pytest.raises(CheckFailed, match=f"asks autograd for its gradient: {said}"):
+        _judged(made(monkeypatch), remote)
 
 
 def test_a_backward_that_behaves_otherwise_unwatched_is_judged_as_it_behaves_watched():
@@ -140,6 +212,6 @@ def test_where_the_watch_cannot_run_there_is_no_verdict_on_it_but_a_look(monkeyp
     def no_threads_left(*args, **kwargs):
         raise RuntimeError("Resource temporarily unavailable")
 
-    monkeypatch.setattr(torch.autograd.profiler, "profile", no_threads_left)
+    monkeypatch.setattr(introspect, "_PROFILE", no_threads_left)
     found = _judged(clipped(lambda x, g, c: g * ((x > 0) & (x < c))), remote=True)
     assert found and all("could not be watched (Resource temporarily unavailable)" in f for f in found), found

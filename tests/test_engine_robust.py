@@ -313,3 +313,17 @@ def test_feedback_for_submissions_graded_before(tmp_path):
     assert result.returncode == 0, result.stderr
     assert (course.root / "feedback" / "alice" / SLUG / f"{SLUG}.html").exists()
     assert "Feedback: 1 of 1 submissions" in result.stderr
+
+
+def test_cell_ids_nbformat_would_make_up_are_the_same_on_every_read():
+    """A copied cell keeps its id in the file; nbformat renames the copy at random as it reads
+    it (and names a cell without an id at random): the grader names them by their place, so a
+    regrade writes the same autograded notebook."""
+    from autograder.grader.prepare import read
+
+    nb = json.loads(nbformat.writes(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in "abc"])))
+    nb["cells"][1]["id"] = nb["cells"][0]["id"]
+    del nb["cells"][2]["id"]
+    data = json.dumps(nb).encode()
+    first, second = ([cell.id for cell in read(data).cells] for _ in range(2))
+    assert first == second and len(set(first)) == 3 and first[0] == nb["cells"][0]["id"], (first, second)

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import builtins
 import functools
+import pickle
 import types
 
 import pytest
 import torch
 
 import autograder.student.gradient_patterns as gradient_patterns
-from autograder.student import integrity, probe
+from autograder.student import integrity, introspect, probe
 
 
 @pytest.fixture
@@ -73,3 +74,31 @@ def test_the_globals_torch_compile_adds_to_a_course_module_are_not_tampering(wat
     assert integrity.restore() == []
     gradient_patterns.extra = None  # any other name is still seen
     assert integrity.restore() == ["autograder.student.gradient_patterns.extra was added"]
+
+
+def test_the_profiler_the_autograd_watch_relies_on_is_put_back(watched):
+    """The watch marks its runs with the profiler's spans: spans made no-ops hid every run."""
+    span = torch.autograd.profiler.record_function
+    enter = span.__enter__
+    span.__enter__ = lambda self: self
+    torch.autograd.profiler.record_function = lambda *args, **kwargs: None
+    assert integrity.restore() == ["torch.autograd.profiler.record_function was replaced",
+                                   "torch.autograd.profiler.record_function.__enter__ was replaced"]
+    assert torch.autograd.profiler.record_function is span and span.__enter__ is enter
+
+
+def test_the_classes_of_the_course_are_put_back(watched):
+    """A class attribute of the watch replaced (a `watching` that watches nothing) is put back."""
+    watching = introspect.AutogradWatch.watching
+    introspect.AutogradWatch.watching = lambda self: None
+    assert integrity.restore() == ["autograder.student.introspect.AutogradWatch.watching was replaced"]
+    assert introspect.AutogradWatch.watching is watching
+
+
+def test_a_cache_copyreg_sets_on_a_class_is_not_tampering(watched):
+    """Pickling a tensor makes copyreg cache `Tensor.__slotnames__` (honest: `torch.save`)."""
+    if "__slotnames__" in vars(torch.Tensor):  # cached by an earlier test: as it was in a fresh process
+        del torch.Tensor.__slotnames__
+        integrity.snapshot()
+    pickle.dumps(torch.ones(2))
+    assert integrity.restore() == []

@@ -211,12 +211,13 @@ def _snapshot(folder: Path) -> dict[str, bytes | None]:
     return {str(p.relative_to(folder)): (None if p.is_dir() else p.read_bytes()) for p in sorted(folder.rglob("*"))}
 
 
-def _refused(out: Path, root: Path = authoring.ROOT, self_study: bool = False) -> str:
-    """publish.build's one-line refusal; nothing under `out`'s parent changed."""
-    before = _snapshot(out.parent)
+def _refused(out: Path, root: Path = authoring.ROOT, self_study: bool = False, kept: Path | None = None) -> str:
+    """publish.build's one-line refusal; nothing under `kept` (`out`'s parent) changed."""
+    kept = kept or out.parent
+    before = _snapshot(kept)
     with pytest.raises(publish.PublishError) as refusal:
         publish.build(out, root, self_study=self_study)
-    assert _snapshot(out.parent) == before
+    assert _snapshot(kept) == before
     message = str(refusal.value)
     assert "\n" not in message, message
     return message
@@ -261,7 +262,8 @@ def test_publish_refuses_the_course_root_and_every_folder_above_it(tmp_path):
     (root / "nbgrader_config.py").unlink()  # even without its own files, the root is the root
     assert "is the course root" in _refused(root, root)
     for above in (root.parent, tmp_path):
-        assert f"a folder above the course root {root}" in _refused(above, root)
+        # what is kept is the test's own folder: above it lie every other test's files
+        assert f"a folder above the course root {root}" in _refused(above, root, kept=tmp_path)
 
 
 def test_publish_refuses_a_folder_it_did_not_write_and_says_what_is_there(tmp_path):

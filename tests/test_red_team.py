@@ -20,7 +20,7 @@ import pytest
 import torch
 from nbgrader.utils import compute_checksum
 
-from engine_course import flagged, grade, rows, solutions, submit_notebook, with_answers
+from engine_course import flagged, grade, notebook, rows, solutions, submit_notebook, with_answers
 from grading import Course, points
 
 pytestmark = pytest.mark.slow
@@ -52,6 +52,17 @@ def _visible_inputs(model: str) -> list:
     return seen
 
 
+# A backward that asks autograd for the gradient of the right formula, keeping the graph (so
+# that double backward passes too): what several attacks below hide from the autograd watch.
+ASKS_AUTOGRAD = """
+def backward(ctx, grad_output):
+    (x,) = ctx.saved_tensors
+    with torch.enable_grad():
+        x = x.detach().requires_grad_()
+        inside = torch.where((x > 0) & (x < ctx.clip), x, x.detach())
+        return getattr(torch.autograd, "gr" + "ad")(inside, x, grad_output, create_graph=True)[0], None
+ClippedReLU.backward = staticmethod(backward)
+"""
 # name -> (code after the wrong ClippedReLU, what the flag says, the exercises its own crash zeroes)
 ATTACKS = {
     "compile_blanks_tests": ("""
@@ -221,6 +232,98 @@ ATTACKS = {
             return grad, None
         ClippedReLU.backward = staticmethod(backward)
     """, "asks autograd for the gradient inside backward", False),  # judged as it behaves watched: wrong
+    "autograd_renamed_function": ("""
+        {asks_autograd}
+        ClippedReLU.__name__ = ClippedReLU.__qualname__ = "Where"  # its node is still ClippedReLUBackward
+    """, "asks autograd for its gradient (autograd's engine ran WhereBackward0", False),
+    "apply_is_plain_operations": ("""
+        def clipped(x, clip):  # torch's own operations, no Function: autograd computes the gradient
+            return torch.where((x > 0) & (x < clip), x, x.clamp(0, clip).detach())
+        ClippedReLU.apply = staticmethod(clipped)
+    """, "its output came from WhereBackward0, not from the Function itself", False),
+    "autograd_node_called_in_a_thread": ("""
+        import threading
+        def backward(ctx, grad_output):
+            (x,) = ctx.saved_tensors
+            with torch.enable_grad():
+                x = x.detach().requires_grad_()
+                inside = torch.where((x > 0) & (x < ctx.clip), x, x.detach())
+            found = {{}}
+            worker = threading.Thread(target=lambda: found.update(g=getattr(inside, "grad" + "_fn")(grad_output)[0]))
+            worker.start(), worker.join()
+            return found["g"], None
+        ClippedReLU.backward = staticmethod(backward)
+    """, "asks autograd for its gradient (autograd's engine ran WhereBackward0", False),
+    "autograd_in_a_process_forked_before": ("""
+        import os, pickle
+        _asked, _ask = os.pipe()
+        _answer, _answered = os.pipe()
+        if os.fork() == 0:  # a helper, forked now: its autograd is out of the watch's sight
+            os.close(_ask), os.close(_answer)
+            asked, answered = os.fdopen(_asked, "rb"), os.fdopen(_answered, "wb")
+            while True:
+                x, grad_output, clip = pickle.load(asked)
+                x = x.detach().requires_grad_()
+                inside = torch.where((x > 0) & (x < clip), x, x.detach())
+                pickle.dump(torch.autograd.grad(inside, x, grad_output)[0], answered)
+                answered.flush()
+        os.close(_asked), os.close(_answered)
+        _to_helper, _from_helper = os.fdopen(_ask, "wb"), os.fdopen(_answer, "rb")
+        def backward(ctx, grad_output):
+            (x,) = ctx.saved_tensors
+            pickle.dump((x, grad_output, ctx.clip), _to_helper)
+            _to_helper.flush()
+            return pickle.load(_from_helper), None
+        ClippedReLU.backward = staticmethod(backward)
+    """, "a process it started was still running when the grader's checks began", False),
+    "silence_the_watchs_spans": ("""
+        import contextlib
+        torch.autograd.profiler.record_function.__enter__ = lambda self: self
+        torch.autograd.profiler.record_function.__exit__ = lambda self, *args: None
+        torch.autograd.profiler.record_function = lambda *args, **kwargs: contextlib.nullcontext()
+        {asks_autograd}
+    """, "torch.autograd.profiler.record_function.__enter__ was replaced", False),
+    "unwatch_the_watch": ("""
+        import contextlib, importlib
+        @contextlib.contextmanager
+        def unwatched(self):
+            yield self
+            self.evidence = [[] for _ in range(1000)]
+        importlib.import_module("autograder.student.introspect").AutogradWatch.watching = unwatched
+        {asks_autograd}
+    """, "autograder.student.introspect.AutogradWatch.watching was replaced", False),
+    "pause_the_profiler_in_backward": ("""
+        def backward(ctx, grad_output):
+            (x,) = ctx.saved_tensors
+            profiler = vars(torch._C)["_auto" + "grad"]
+            getattr(profiler, "_toggle" + "_collection_dynamic")(False, {{torch._C._profiler.ProfilerActivity.CPU}})
+            with torch.enable_grad():
+                x = x.detach().requires_grad_()
+                inside = torch.where((x > 0) & (x < ctx.clip), x, x.detach())
+                return getattr(torch.autograd, "gr" + "ad")(inside, x, grad_output, create_graph=True)[0], None
+        ClippedReLU.backward = staticmethod(backward)
+    """, "the profiler that watched it was stopped while it ran", False),
+    "frames_through_exec": ("""
+        exec(compile("import sys\\n_callers = sys._getframe(0)", "<mine>", "exec"))
+    """, "reaches the interpreter's frames with sys._getframe (in code it compiled as '<mine>'", False),
+    "frames_through_logging": ("""
+        import logging
+        _wrong_forward = ClippedReLU.forward
+        def forward(ctx, x, clip):
+            ctx.frame = getattr(logging, "current" + "frame")()
+            return _wrong_forward(ctx, x, clip)
+        ClippedReLU.forward = staticmethod(forward)
+    """, "reaches the interpreter's frames with logging.currentframe", False),
+    "frames_through_a_signal_handler": ("""
+        import signal
+        _frames = []
+        getattr(signal, "sig" + "nal")(signal.SIGUSR1, lambda number, frame: _frames.append(frame))
+    """, "a handler for SIGUSR1 was installed", False),
+    "objects_through_gc": ("""
+        import importlib
+        _everything = getattr(importlib.import_module("gc"), "get_" + "objects")()
+        _watches = [o for o in _everything if type(o).__name__ == "AutogradWatch"]
+    """, "reaches the interpreter's objects with gc.get_objects", False),
     "trace_function": ("""
         import sys
         seen = []
@@ -236,7 +339,7 @@ ATTACKS = {
             ctx.callers = [f.function for f in getattr(inspect, "st" + "ack")()]
             return _wrong_forward(ctx, x, clip)
         ClippedReLU.forward = staticmethod(forward)
-    """, "reaches the interpreter's frames with sys._getframe", False),
+    """, "reaches the interpreter's frames with inspect.stack", False),
     "exit_when_probed": ("""
         import os, sys
         def backward(ctx, grad_output):
@@ -332,9 +435,47 @@ class Answers(dict):
 
 
 when_to_write = Answers({"a": "composite", "b": "function", "c": "derivatives.yaml", "d": "function", "e": "function",
-                         "f": "composite", "g": "composite"})
+                         "f": "composite", "g": "function"})
 """  # three of seven answers right: 3/7 of 3 points
 
+
+# Honest work that touches what the attempts above touch: none of it may be flagged. Its
+# ClippedReLU leaves debugging aids in its backward (run while the grader probes it), and
+# its cell prints, formats and logs a caught exception, warns, debugs post mortem (stdin is
+# empty: the debugger quits at once), asks for help and a signature, and ends in an error
+# that IPython displays; the next answer cell opens IPython's debugger on it.
+HONEST_AIDS = """
+import inspect, logging, pdb, sys, traceback, warnings
+
+log = logging.getLogger("clipped_relu")
+
+
+def _noted():
+    try:
+        raise ValueError("a note to self")
+    except ValueError:
+        traceback.format_exc()
+        log.warning("caught %s", sys.exc_info()[1])
+    log.warning("forward takes %s", inspect.signature(ClippedReLU.forward))
+    warnings.warn("backward ran")
+
+
+"""
+HONEST_CELL = """
+
+try:
+    ClippedReLU.apply(torch.ones(2), "not a number")
+except TypeError:
+    traceback.print_exc()
+    print(traceback.format_exc().splitlines()[-1])
+    logging.exception("as logged")
+    pdb.post_mortem(sys.exc_info()[2])
+warnings.warn("a warning of my own")
+help(ClippedReLU.forward)
+print(inspect.signature(ClippedReLU.forward))
+raise RuntimeError("shown by IPython's own error display")
+"""
+HONEST_DEBUG = "%debug\n"
 
 # Attacks on the notebook's structure, made on the notebook itself: (how, what the flag says).
 STRUCTURE = {
@@ -400,7 +541,7 @@ def graded(tmp_path_factory):
     assert grade(course, SLUG).returncode == 0
     before = rows(course)
 
-    fill = {"root": course.root, "slug": SLUG, "seen": _visible_inputs(model[FIRST])}
+    fill = {"root": course.root, "slug": SLUG, "seen": _visible_inputs(model[FIRST]), "asks_autograd": ASKS_AUTOGRAD}
     for name, (code, _, _) in ATTACKS.items():
         attack = wrong + "\n\n" + textwrap.dedent(code).format(**fill)
         submit_notebook(course, f"a_{name}", SLUG, with_answers(course, SLUG, {**model, FIRST: attack}))
@@ -408,6 +549,9 @@ def graded(tmp_path_factory):
         nb = _structure_attack(with_answers(course, SLUG, {**model, FIRST: wrong}), how)
         submit_notebook(course, f"a_{name}", SLUG, nb)
     course.submit("a_quiz_key_thief", SLUG, {**model, "when_to_write": KEY_THIEF})
+    aided = model[FIRST].replace("(x,) = ctx.saved_tensors\n", "(x,) = ctx.saved_tensors\n        _noted()\n", 1)
+    course.submit("z_honest_patterns", SLUG, {**model, FIRST: HONEST_AIDS + aided + HONEST_CELL,
+                                              "linear": HONEST_DEBUG + model["linear"]})
     course.submit("z_victim", SLUG, model)  # after the attackers, on the same warm workers
     result = grade(course, SLUG, "--timeout", str(TIMEOUT))
     return course, before, result
@@ -441,6 +585,15 @@ def test_attack_gets_its_honest_score_and_is_flagged(graded, attack):
     if reason is not None:
         assert flagged(course, SLUG, student)[0]
         assert reason.lower() in _comments(course, student).lower()
+
+
+def test_honest_debugging_and_error_handling_is_never_flagged(graded):
+    course = graded[0]
+    assert _scores(course, "z_honest_patterns") == _scores(course, "honest")
+    assert not flagged(course, SLUG, "z_honest_patterns")[0], _comments(course, "z_honest_patterns")
+    cells = notebook(course, "autograded", "z_honest_patterns", SLUG).cells
+    outputs = "".join(str(c.get("outputs", "")) for c in cells)
+    assert "shown by IPython's own error display" in outputs and "forward(ctx, x, clip)" in outputs
 
 
 def test_the_quiz_key_never_reaches_the_students_process(graded):

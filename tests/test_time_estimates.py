@@ -21,6 +21,7 @@ DURATION = r"\d+ h(?: \d+(?: min)?)?|[\d¼½¾]+ h|\d+ min"
 TOTAL = re.compile(rf"about ({DURATION})(?: in all| —)")
 READING = re.compile(r"(\d+) min (?:to read|of reading)")
 EXERCISES = re.compile(r"(\d+) min (?:for the exercises|of exercises)")
+WORDS = re.compile(r"([\d,]+)\s+words")  # an introduction may also give the count it reads at 200 a minute
 FRACTIONS = {"¼": 0.25, "½": 0.5, "¾": 0.75}
 
 
@@ -91,6 +92,18 @@ def test_the_introduction_states_reading_and_exercise_time(slug):
     assert within(stated_reading, reading, least=5, share=0.2), f"{slug}: reading takes about {reading:.0f} min"
     assert within(total, reading + exercises, least=10, share=0.1), (
         f"{slug}: about {reading + exercises:.0f} min in all")
+
+
+def test_a_stated_word_count_is_the_notebooks_own():
+    stale = {}
+    for slug in SLUGS:
+        nb = released(slug)
+        paragraph = PARAGRAPH.search(nb.cells[0].source)
+        stated = paragraph and WORDS.search(paragraph.group(1))
+        words = reading_minutes(nb) * WORDS_PER_MINUTE
+        if stated and not within(int(stated.group(1).replace(",", "")), words, least=100, share=0.03):
+            stale[slug] = f"says {stated.group(1)} words, has {words:,.0f}"
+    assert stale == {}
 
 
 @pytest.mark.parametrize("slug", SLUGS)

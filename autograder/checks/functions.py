@@ -664,7 +664,7 @@ def _locate(student, spec: FunctionSpec, plain: list, i: int, grad: torch.Tensor
 
 def _fail_asking_autograd(spec: FunctionSpec, evidence: list[str], shown: list[str]) -> None:
     __tracebackhide__ = True
-    seen = f"autograd's engine ran {', '.join(evidence[:5])} inside it"
+    seen = "; ".join(evidence[:5])  # what the watch saw, each in words (introspect.AutogradWatch)
     evidence_module.worth_a_look(f"{spec.name}: its Function asks autograd for its gradient ({seen}; observed in "
                                  "the student's process: best effort)")
     fail(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import logging
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import jsonschema
 import nbformat
 from nbformat import NotebookNode
+from nbformat.warnings import DuplicateCellId, MissingIDFieldWarning
 from nbgrader import utils
 from nbgrader.api import Gradebook
 from nbgrader.converters import Autograde
@@ -76,7 +78,28 @@ def read(data: bytes) -> NotebookNode:
         raise Rejected(f"not a readable notebook: {type(error).__name__}: {error}") from None
     if "ValidationError" in invalid:
         raise Rejected(f"not a valid notebook: {invalid['ValidationError'].message}")
+    _steady_ids(nb, set(_CELL_ID.findall(data.decode("utf-8"))))
     return nb
+
+
+# What nbformat warns of as it repairs ids, `_steady_ids` repairs again, for good: not the instructor's concern.
+warnings.filterwarnings("ignore", category=DuplicateCellId)
+warnings.filterwarnings("ignore", category=MissingIDFieldWarning)
+_CELL_ID = re.compile(r'"id"\s*:\s*"([^"\\]*)"')
+
+
+def _steady_ids(nb: NotebookNode, written: set[str]) -> None:
+    """Cell ids the notebook's file does not hold (nbformat makes up a random one for a
+    duplicated or missing id, and for every cell of an older nbformat) named by their place
+    instead: grading the same file twice writes the same autograded notebook."""
+    taken = {cell.get("id") for cell in nb.cells}
+    for index, cell in enumerate(nb.cells):
+        if "id" in cell and cell.id not in written:
+            name, k = f"cell-{index + 1}", 1
+            while name in taken:
+                name, k = f"cell-{index + 1}-{k}", k + 1
+            taken.add(name)
+            cell.id = name
 
 
 # nbgrader's cell metadata (schema 3): each field's type. Other fields are dropped, as

@@ -22,7 +22,9 @@ PATTERNS = [
     (r"\bbuiltins\b|__builtins__", "touches Python's builtins"),
     (r"input_transformers|ast_transformers|set_custom_exc|showtraceback|events\.register|register_magic",
      "changes how IPython runs cells"),
-    (r"\bsys\.(modules|settrace|setprofile|meta_path)|\bgc\.get_(objects|referrers)|\bctypes\b|currentframe|_getframe",
+    (r"\bsys\.(modules|settrace|setprofile|meta_path)|\bgc\.get_(objects|referrers|referents)|\bctypes\b|"
+     r"currentframe|_getframe|_current_frames|\.(tb_frame|gi_frame|cr_frame|ag_frame|f_back)\b|"
+     r"\binspect\.(stack|trace|getouterframes|getinnerframes)\b|\bwalk_(stack|tb)\b",
      "reaches into the interpreter"),
     (r"\bos\._exit|\bsys\.exit|\bos\.kill|\bsignal\.|\bos\.fork|\bsubprocess\b|\bmultiprocessing\b|\bos\.system",
      "controls processes or signals"),
@@ -39,10 +41,12 @@ PATTERNS = [
 # function, as written), with why it is worth a look.
 IN_BACKWARD = [
     (re.compile(r"autograd\.grad\b|(^|\.)backward$|(^|\.)grad$|torch\.func\.|\bfunc\.(vjp|jvp|jacrev|jacfwd|grad)|"
-                r"autograd\.functional|forward_ad|make_dual|_execution_engine|run_backward"),
+                r"autograd\.functional|forward_ad|make_dual|_execution_engine|run_backward|"
+                r"\bgrad_fn\b|\bnext_functions\b"),  # a node of autograd, called directly
      "asks autograd for the gradient inside"),
-    (re.compile(r"DisableTorchFunction|_disabled_torch_function|_is_profiler_enabled|profiler\."),
-     "hides what it calls from torch's function handling or watches for the profiler inside"),
+    (re.compile(r"DisableTorchFunction|_disabled_torch_function|_is_profiler_enabled|_profiler\b|_profiler_|"
+                r"_toggle_collection|profiler\.(?!record_function\b)"),
+     "hides what it calls from torch's function handling or meddles with the profiler inside"),
 ]
 
 

@@ -2,9 +2,10 @@
 
 The grader's worker takes a `snapshot()` before any student code runs. Before the
 grader's probes run in the student's process, `restore()` puts back every attribute the
-student's code replaced, added or deleted in those modules — so a replaced
-`torch.autograd.grad` or `torch.allclose` cannot feed the grader forged numbers — and
-reports each change, which is evidence of tampering in itself.
+student's code replaced, added or deleted in those modules and classes — so a replaced
+`torch.autograd.grad` or `torch.allclose` cannot feed the grader forged numbers, nor a
+silenced profiler span or a replaced method of the course's own classes blind the autograd
+watch — and reports each change, which is evidence of tampering in itself.
 """
 from __future__ import annotations
 
@@ -19,14 +20,19 @@ from typing import Any
 
 import torch
 
-from . import probe
+from . import introspect, probe
 
-# Modules (and classes) whose attributes student code must leave alone.
+# Modules and classes whose attributes student code must leave alone, besides the course's own
+# modules and every class they define (the autograd watch's among them); the profiler's are
+# the watch's instruments.
 WATCHED = [
     "builtins", "torch", "torch.autograd", "torch.autograd.function", "torch.autograd.gradcheck",
     "torch.nn.functional", "torch.func", "torch.testing", "torch.overrides", "torch.utils._python_dispatch",
+    "torch.autograd.profiler", "torch.profiler", "torch._C._autograd", "torch._C._profiler",
 ]
-CLASSES = [torch.Tensor, torch.autograd.Function]
+CLASSES = [torch.Tensor, torch.autograd.Function, torch.autograd.function.FunctionCtx,
+           torch.autograd.function.BackwardCFunction, torch.autograd.profiler.profile,
+           torch.autograd.profiler.record_function]
 
 # Changed by the interpreter itself: IPython keeps the last results in builtins._, __, ___.
 IGNORED = {"_", "__", "___"}
@@ -42,8 +48,11 @@ _MISSING = object()
 def _watched() -> dict[str, Any]:
     found: dict[str, Any] = {name: importlib.import_module(name) for name in WATCHED}
     top = __package__.split(".")[0]  # the course's own modules in this process: student/, runner/, isolation/
-    found.update({name: module for name, module in sys.modules.items() if name == top or name.startswith(top + ".")})
-    found.update({f"{c.__module__}.{c.__qualname__}": c for c in CLASSES})
+    course = {name: module for name, module in sys.modules.items() if name == top or name.startswith(top + ".")}
+    found.update(course)
+    classes = [*CLASSES, *(c for name, module in course.items() for c in vars(module).values()
+                           if isinstance(c, type) and c.__module__ == name)]
+    found.update({f"{c.__module__}.{c.__qualname__}": c for c in classes})
     found[f"{probe.__name__}.PROCEDURES"] = probe.PROCEDURES  # what the grader's probes run
     return found
 
@@ -65,6 +74,7 @@ def _torch_wrapped(now: Any, before: Any) -> bool:
 
 def snapshot() -> None:
     """Remember the watched modules' attributes (call before student code runs)."""
+    introspect.prepare()
     _saved.clear()
     for name, owner in _watched().items():
         _saved[name] = owner, dict(_contents(owner))
@@ -80,6 +90,8 @@ def _unchanged(before: dict[str, Any], now: dict[str, Any]) -> bool:
 def _harmless(owner: Any, attr: str, before: dict[str, Any], now: dict[str, Any]) -> bool:
     if attr in IGNORED or (attr.startswith("__") and attr.endswith("__") and _is_module(owner)):
         return True  # bookkeeping (__warningregistry__, ...) that changes by itself
+    if attr == "__slotnames__" and isinstance(owner, type):
+        return True  # copyreg's cache, set on a class when an instance is first pickled or copied
     if attr not in before and isinstance(now[attr], types.ModuleType) and _is_module(owner):
         return True  # importing a submodule adds it to its package
     if attr not in before and attr.startswith(DYNAMO_GLOBALS) and _is_module(owner):

@@ -9,38 +9,68 @@ import os
 import secrets
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import probe
+from . import attempts, probe
 
-EVALUATE = "autograd::engine::evaluate_function: "  # the profiler's name of a node the engine runs
+NODE = 1  # the profiler's scope of an event that is a node of autograd running (RecordScope.BACKWARD_FUNCTION)
 FORWARD_AD = ("aten::_make_dual", "aten::_unpack_dual")  # what forward-mode AD cannot do without
-OWN_NODES = ("torch::autograd::AccumulateGrad", "torch::autograd::GraphRoot")
+# Nodes autograd runs of its own accord: accumulating, the root of a graph, and the guard that
+# `once_differentiable` calls on a backward's results.
+OWN_NODES = ("torch::autograd::AccumulateGrad", "torch::autograd::GraphRoot", "torch::autograd::DelayedError")
 RUN = "autograder: watched run"  # the span that marks each run of one profiler session
+ENDED = "ended"  # the span after it: the profiler still ran then
+LOST = "the profiler that watched it was stopped while it ran"
+# Bound when the course is imported, before any notebook code runs: replacing them in torch
+# later changes nothing here (and integrity puts torch's back before each test cell).
+_PROFILE = torch.autograd.profiler.profile
+_RECORD = torch.autograd.profiler.record_function
+
+
+def prepare() -> None:
+    """Fill what the profiler's spans cache on their first use (whether a CUPTI monitor is
+    there), so that the integrity snapshot, taken before the notebook runs, holds it: the
+    watch's first run is not taken for the notebook changing torch."""
+    with _RECORD("autograder: prepared"):
+        pass
+
+
+class _Event(NamedTuple):
+    name: str
+    start: int
+    end: int
+    node: bool  # a node autograd ran (any thread)
+    sequence: int  # the node's number, in the thread that made it
+    thread: int  # the profiler's id of a thread: the one that made the node (a node), or ran the event
 
 
 class AutogradWatch:
     """Whether a Function asks autograd for its gradient, in any thread and by any route
-    (`torch.autograd.grad`, `.backward()`, `torch.func`, the engine's own entry point,
-    with torch-function handling disabled, forward-mode AD): while it is applied, and
-    while autograd runs its backward, the engine must run no node but the Function's own.
+    (`torch.autograd.grad`, `.backward()`, `torch.func`, the engine's own entry point, a
+    node called directly, with torch-function handling disabled, forward-mode AD): while
+    it is applied, and while autograd runs its backward, autograd must run no node but the
+    Function's own — the node its outputs carry, known by identity (its class was made for
+    this Function), not by name. Outputs that carry another node (`apply` replaced by
+    plain operations) are evidence too.
 
-    PyTorch's profiler sees every node the engine runs and every operation, in every
-    thread; what it saw is the evidence. It watches the runs whose numbers are judged,
-    so a backward that behaves otherwise when it is watched is judged as it behaves then.
-    One profiler session (`watching`) watches every run of a request (`run`, each marked
-    by a span of its own: starting the profiler costs more than a run). Best effort:
-    observed in the student's process.
+    PyTorch's profiler sees every node autograd runs and every operation, in every thread;
+    what it saw is the evidence. It watches the runs whose numbers are judged, so a
+    backward that behaves otherwise when it is watched is judged as it behaves then, and
+    a run it lost sight of (the profiler stopped, paused or restarted by the notebook's
+    code, its spans missing, a Function's node run more often than it was seen, a process
+    started meanwhile) is evidence in itself. One profiler session (`watching`) watches
+    every run of a request (`run`, each marked by a span of its own: starting the profiler
+    costs more than a run). Best effort: observed in the student's process.
     """
 
     def __init__(self, function: Any) -> None:
-        self.own = f"{EVALUATE}{function.__name__}Backward"
+        self.function = function
         self.evidence: list[list[str]] = []  # per run, in the order they ran
         self.unwatched: str | None = None  # why the watch could not run: no verdict, a look
-        self._runs = 0
+        self._runs: list[_Run] = []
         # The runs' spans are named with a token of this session, so that spans the student's
         # code makes itself cannot stand in for them (and hide what ran inside the Function).
         self._mark = f"{RUN} {secrets.token_hex(8)} "
@@ -49,56 +79,110 @@ class AutogradWatch:
     def watching(self) -> Iterator["AutogradWatch"]:
         from torch._C._profiler import _ExperimentalConfig
 
+        attempts.end_processes()  # a process left running could compute what the watch must see
         try:
             with _quiet_stderr():  # the profiler announces its start and stop on fd 2
-                profile = torch.autograd.profiler.profile(
-                    use_kineto=True, experimental_config=_ExperimentalConfig(profile_all_threads=True))
+                profile = _PROFILE(use_kineto=True, experimental_config=_ExperimentalConfig(profile_all_threads=True))
                 profile.__enter__()
         except (RuntimeError, TypeError) as error:  # a profiler of the notebook's own runs, no threads left
             self.unwatched = probe.first_line(error, 200)
             yield self
-            self.evidence = [[] for _ in range(self._runs)]
+            self.evidence = [[] for _ in self._runs]
             return
         try:
             yield self
         finally:
-            with _quiet_stderr():
-                profile.__exit__(None, None, None)
-            assert profile.kineto_results is not None  # __exit__ has collected them
-            # (name, start, end) of every event, by start: each run's are a slice
-            events = sorted(((e.name(), e.start_ns(), e.start_ns() + e.duration_ns())
-                             for e in profile.kineto_results.events()), key=lambda e: e[1])
-            starts = [start for _, start, _ in events]
-            runs: dict[str, tuple[int, int]] = {}
-            for name, start, end in events:
-                if name.startswith(self._mark):
-                    runs.setdefault(name, (start, end))
-            self.evidence = [self._found(events[bisect.bisect_left(starts, window[0]):
-                                                bisect.bisect_right(starts, window[1])])
-                             if window is not None else []
-                             for window in (runs.get(f"{self._mark}{k}") for k in range(self._runs))]
+            events = _events(profile)
+            self.evidence = [run.evidence(events, f"{self._mark}{k}") for k, run in enumerate(self._runs)]
 
     @contextlib.contextmanager
-    def run(self) -> Iterator[None]:
-        """One watched run, inside `watching`: its evidence is `evidence[k]`, k counting from 0."""
-        self._runs += 1
-        with torch.autograd.profiler.record_function(f"{self._mark}{self._runs - 1}"):
-            yield
+    def run(self) -> Iterator[Callable[[Any], None]]:
+        """One watched run, inside `watching`: its evidence is `evidence[k]`, k counting from
+        0. Yields what to call with the Function's result, as soon as it is applied."""
+        run = _Run(self.function, attempts.started())
+        self._runs.append(run)
+        name = f"{self._mark}{len(self._runs) - 1}"
+        try:
+            with _RECORD(name):
+                yield run.applied
+        finally:
+            run.processes = attempts.started() - run.processes + attempts.running()
+            with _RECORD(f"{name} {ENDED}"):  # missing if the profiler was off by then
+                pass
 
-    def _found(self, events: list[tuple[str, int, int]]) -> list[str]:
-        """The nodes and forward-AD operations among one run's `events` ((name, start, end)
-        each) that ran while the Function was applied (before the engine first ran its node)
-        or inside its node."""
-        spans = sorted((start, end) for name, start, end in events if name == self.own)
-        if not spans:
-            return []
-        first = spans[0][0]
-        found: dict[str, None] = {}
-        for name, start, _ in events:
-            asking = name.startswith(EVALUATE) and name != self.own and name[len(EVALUATE):] not in OWN_NODES
-            if (asking or name in FORWARD_AD) and (start < first or any(a < start < b for a, b in spans)):
-                found[name.removeprefix(EVALUATE)] = None
-        return list(found)
+
+@dataclass
+class _Run:
+    """What one watched run made and did, besides what the profiler saw."""
+
+    function: Any
+    processes: int  # the notebook's processes: started so far (at the start), started or running (after)
+    own: set[int] = field(default_factory=set)  # the sequence numbers of the Function's own nodes
+    strangers: list[str] = field(default_factory=list)  # other nodes its outputs carry
+    ran: int = 0  # how often autograd ran one of its own nodes (a hook on each counts)
+
+    def applied(self, result: Any) -> None:
+        for output in probe.outputs_of(result):
+            if not (probe.differentiable(output) and output.requires_grad):
+                continue
+            node = output.grad_fn
+            if node is None or getattr(type(node), "_forward_cls", None) is not self.function:
+                self.strangers.append("nothing autograd records" if node is None else node.name())
+            elif node._sequence_nr() not in self.own:
+                self.own.add(node._sequence_nr())
+                node.register_prehook(self._count)
+
+    def _count(self, grad_outputs: Any) -> None:
+        self.ran += 1
+
+    def evidence(self, events: list[_Event] | None, mark: str) -> list[str]:
+        """What asked autograd inside the Function in this run (the run's span is named
+        `mark`), or shows the watch did not see all of it."""
+        found = ["a process of the notebook ran beside it"] if self.processes else []
+        if self.strangers:
+            return [f"its output came from {', '.join(dict.fromkeys(self.strangers))}, not from the Function "
+                    "itself", *found]
+        span = next((e for e in events or () if e.name == mark), None)
+        if span is None or not any(e.name == f"{mark} {ENDED}" for e in events or ()):
+            return [LOST, *found]
+        assert events is not None  # (the span is one of them)
+        inside = events[bisect.bisect_left(events, span.start, key=_start):
+                        bisect.bisect_right(events, span.end, key=_start)]
+        # Its own nodes: made in the run's thread, with the numbers its outputs' nodes have.
+        own = [(e.start, e.end) for e in inside if e.node and e.sequence in self.own and e.thread == span.thread]
+        if len(own) < self.ran:  # autograd ran its node where the profiler did not see it
+            return [LOST, *found]
+        first = min((start for start, _ in own), default=span.end)  # before it: while it was applied
+        asking = dict.fromkeys(e.name for e in inside if (
+            (e.node and e.name not in OWN_NODES and not (e.sequence in self.own and e.thread == span.thread))
+            or e.name in FORWARD_AD) and (e.start < first or any(a < e.start < b for a, b in own)))
+        if asking:
+            found.insert(0, f"autograd's engine ran {', '.join(asking)} inside it")
+        return found
+
+
+def _events(profile: Any) -> list[_Event] | None:
+    """Every event the profile saw, by start; None if it could not be read (the notebook's
+    code stopped the profiler or started another)."""
+    try:
+        with _quiet_stderr():
+            profile.__exit__(None, None, None)
+        results = profile.kineto_results
+        found = [] if results is None else [_event(e) for e in results.events()]
+    except Exception:  # the profiler's own errors, once the notebook's code meddled with it
+        return None
+    return sorted(found, key=_start)
+
+
+def _start(event: _Event) -> int:
+    return event.start
+
+
+def _event(e: Any) -> _Event:
+    name = e.name()
+    node = not name.startswith("aten::") and e.scope() == NODE  # (most events are operations: cheaper)
+    return _Event(name, e.start_ns(), e.end_ns(), node, e.sequence_nr() if node else -1,
+                  e.fwd_thread_id() if node else e.start_thread_id())
 
 
 @contextlib.contextmanager

@@ -325,8 +325,9 @@ def _run_many(fn: Any, runs: list[Any]) -> list[Any]:
             if not watching:
                 found.append(_probed(fn, *r[:4]))
                 continue
-            with watch.run():
-                found.append(_probed(fn, *r[:4]))
+            args, grad_outputs, grad_grads, layouts = r[:4]
+            with watch.run() as applied:
+                found.append(_probed(fn, args, grad_outputs, grad_grads, layouts, applied))
     evidence = iter(watch.evidence)
     return [{**f, "asked_autograd": next(evidence), "unwatched": watch.unwatched} if watching else f
             for f, watching in zip(found, watched)]
@@ -353,7 +354,8 @@ def laid_out(v: torch.Tensor, layout: str) -> torch.Tensor:
 
 
 def _probed(fn: Any, args: tuple[Any, ...], grad_outputs: list[Any], grad_grads: list[Any] | None,
-            layouts: list[Any] | None) -> dict[str, Any]:
+            layouts: list[Any] | None, applied: Callable[[Any], None] | None = None) -> dict[str, Any]:
+    """One `run`; `applied` is told what the call returned (the watch's)."""
     call = as_callable(fn)
     probe = Observed()
     wrt = [a for a in args if differentiable(a) and a.requires_grad]
@@ -361,6 +363,8 @@ def _probed(fn: Any, args: tuple[Any, ...], grad_outputs: list[Any], grad_grads:
     before = {i: a.detach().clone() for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
     try:
         result = call(*args)
+        if applied is not None:
+            applied(result)
         probe.modified = [i for i, b in before.items() if not _same(args[i], b)]
         probe.outputs = [t.detach() for t in outputs_of(result)]
         # grad_outputs[k][j] belongs to the j-th floating-point output; those that do not

@@ -170,7 +170,8 @@ class PolarToCartesian(torch.autograd.Function):
     wrong("when_to_write", "a composite native op still needs a formula",
           ('"e": "composite"', '"e": "derivatives.yaml"')),
     wrong("when_to_write", "thinks the detach trick still needs a Function", ('"d": "composite"', '"d": "function"')),
-    wrong("when_to_write", "thinks a composite can clip the gradient", ('"g": "function"', '"g": "composite"')),
+    wrong("when_to_write", "thinks clipping a gradient needs a backward of its own",
+          ('"g": "composite"', '"g": "function"')),
 ]
 
 VARIANTS = [
@@ -255,6 +256,6 @@ class PolarToCartesian(torch.autograd.Function):
 '''),
     right("when_to_write", "capitals and spaces", source='''
 when_to_write = {"a": "Composite", "b": " function", "c": "Derivatives.yaml",
-                 "d": "COMPOSITE", "e": "composite ", "f": "Function", "g": "FUNCTION"}
+                 "d": "COMPOSITE", "e": "composite ", "f": "Function", "g": "COMPOSITE"}
 '''),
 ]
