@@ -20,7 +20,7 @@ WORK ?= work
 PUBLIC ?= public
 ROOT_FLAG = $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
-.PHONY: test lint lab instructor release publish autograde bench compare-stock verdicts fuzz gpu-check gpu-wheels lock system-tools test-tools hub-tools clean
+.PHONY: test lint lab instructor release publish autograde bench compare-stock verdicts fuzz bench-function-check gpu-check gpu-wheels lock system-tools test-tools hub-tools clean
 
 test: $(STAMP) system-tools test-tools hub-tools lint
 	$(BIN)/python -m pytest
@@ -74,6 +74,11 @@ bench: $(STAMP) system-tools test-tools
 	$(BIN)/python bench/stock_vs_engine.py $(ARGS)
 	$(BIN)/python bench/run_all.py
 	$(BIN)/python bench/scaling.py
+
+# `autograder.check_function` against gradcheck + gradgradcheck and opcheck on every known
+# answer of the exercises whose answer is a Function: the README's table (bench/results/).
+bench-function-check: $(STAMP)
+	$(BIN)/python bench/function_check_vs_stock.py $(ARGS)
 
 # A thousand notebooks mutated at random in structure and metadata, graded beside honest
 # students (tests/test_fuzz.py; `make test` grades a sample). FUZZ_SEED replays a run. It
