@@ -203,6 +203,27 @@ def test_the_plugin_in_a_sample_projects_test_run(pytester):
     assert "assert (1 + 1) == 3" in output, output  # the other failure as pytest reports it
 
 
+def test_the_student_package_has_it_without_the_grader(tmp_path):
+    """What `pip install` of the course's student package gives: `from autograder import
+    check_function`, and the plugin's entry point."""
+    from autograder import publish
+
+    out = publish.build_package(tmp_path / "student")
+    assert '[project.entry-points.pytest11]\nautograd_course = "autograder.checks.pytest_plugin"' in \
+        (out / "pyproject.toml").read_text()
+    run = textwrap.dedent(f'''
+        import sys, torch
+        import autograder
+        assert autograder.__file__.startswith({str(out)!r}), autograder.__file__
+        from autograder import check_function
+        check_function(lambda x: x.exp(), torch.randn(3), double_backward=False)
+        assert not [m for m in sys.modules if m.startswith(("autograder.grader", "autograder.cli"))]
+    ''')
+    done = subprocess.run([sys.executable, "-c", run], cwd=out, env={"PYTHONPATH": str(out), "PATH": ""},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "✔ <lambda>: forward and backward run" in done.stdout, done.stdout + done.stderr
+
+
 # --- The side-by-side measurement, on a sample -------------------------------------------------
 
 def test_a_sample_of_the_side_by_side_measurement():
