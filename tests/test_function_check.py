@@ -20,8 +20,6 @@ from real_functions import RIGHT, WRONG, Real
 
 pytest_plugins = ["pytester"]
 
-AUTOGRADER = str(Path(sys.executable).with_name("autograder"))
-
 
 @pytest.mark.parametrize("real", RIGHT, ids=lambda real: real.label)
 def test_right_functions_pass_without_a_false_alarm(real: Real, capsys):
@@ -154,20 +152,30 @@ def examples(generator):
 '''
 
 
-def test_the_command_prints_a_line_per_check_and_exits_for_ci(tmp_path):
-    (tmp_path / "layers.py").write_text(LAYERS)
+def test_the_command_prints_a_line_per_check_and_exits_for_ci(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
 
-    def check(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([AUTOGRADER, "check", *args], cwd=tmp_path, capture_output=True, text=True,
-                              timeout=300)
+    from autograder.cli import app
+
+    (tmp_path / "layers.py").write_text(LAYERS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # (the command puts the file's folder first)
+    monkeypatch.setitem(sys.modules, "checked_layers", None)  # (and imports it under this name)
+
+    def check(*args: str):
+        return CliRunner().invoke(app, ["check", *args])
 
     right = check("layers.py:Swish", "--inputs", "[4, 3]", "--reference", "swish")
-    assert right.returncode == 0, right.stderr
+    assert right.exit_code == 0, right.output
     assert right.stdout.startswith("✔ Swish: forward and backward run on 1 input(s)"), right.stdout
     assert "\n✔ Swish: forward, backward and double backward agree with the reference" in right.stdout
     wrong = check("layers.py:NaiveSwish", "--inputs", "examples")
-    assert wrong.returncode == 1 and wrong.stderr == "", wrong.stderr
+    assert wrong.exit_code == 1 and wrong.stderr == "", wrong.stderr
     assert "\n✘ NaiveSwish: the gradient for `x` is nan at index (0, 1)" in wrong.stdout, wrong.stdout
+    misspelt = check("layers.py:Swsh", "--inputs", "[4]")
+    assert misspelt.exit_code == 2 and "layers.py defines no 'Swsh' (did you mean Swish" in misspelt.output, \
+        misspelt.output
+    assert "Traceback" not in misspelt.output
 
 
 # --- The pytest plugin -----------------------------------------------------------------------
