@@ -387,6 +387,16 @@ class SoftplusJvpForgetsBeta(Softplus):
         return x_t * torch.sigmoid(x)
 
 
+class SoftplusJvpOverflows(Softplus):
+    """Wrong: the tangent's slope as exp(βx) / (1 + exp(βx)), inf / inf = nan at large βx."""
+
+    @staticmethod
+    def jvp(ctx, x_t, beta_t):
+        (x,) = ctx.saved_tensors
+        e = torch.exp(ctx.beta * x)
+        return x_t * e / (1 + e)
+
+
 def softplus(x, beta):
     return F.softplus(x, beta)
 
@@ -424,6 +434,9 @@ WRONG = [
     Real("softplus with exp(βx) / (1 + exp(βx))", SoftplusNaive, _activated, softplus, caught="nan"),
     Real("softplus reading .item() in forward", SoftplusItem, _activated, softplus, caught="vmap"),
     Real("softplus whose jvp forgets β", SoftplusJvpForgetsBeta, _activated, softplus, caught="forward"),
+    Real("softplus whose jvp overflows to nan", SoftplusJvpOverflows,
+         lambda g: (torch.tensor([[0.0, 800.0, -3.0], [1.5, -800.0, 2.0]]), 2.0), softplus,
+         caught=("gradcheck(check_forward_ad=True) failed", "is nan where the right one is finite")),
     Real("bias GELU scaled by a tensor made on the CPU", BiasGeLUCpuScale, _activations, tanh_gelu,
          caught="on another device (meta"),
     Real("bias GELU flattening grad_output with .view", BiasGeLUFlattened, _activations, tanh_gelu,
