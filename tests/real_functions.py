@@ -397,6 +397,24 @@ class SoftplusJvpOverflows(Softplus):
         return x_t * e / (1 + e)
 
 
+# --- A product whose kernel computes one gradient outside torch ------------------------------
+
+class MulNumpyKernel(torch.autograd.Function):
+    """Wrong, promised twice differentiable: the gradient for `x` comes from a NumPy kernel, a
+    constant to autograd (gradgradcheck skips a gradient that requires no grad)."""
+
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.save_for_backward(x, scale)
+        return x * scale
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x, scale = ctx.saved_tensors
+        grad_x = torch.from_numpy(grad_output.detach().cpu().numpy() * scale.detach().cpu().numpy()).to(x.device)
+        return (grad_x if ctx.needs_input_grad[0] else None), (grad_output * x if ctx.needs_input_grad[1] else None)
+
+
 def softplus(x, beta):
     return F.softplus(x, beta)
 
@@ -434,6 +452,10 @@ WRONG = [
     Real("softplus with exp(βx) / (1 + exp(βx))", SoftplusNaive, _activated, softplus, caught="nan"),
     Real("softplus reading .item() in forward", SoftplusItem, _activated, softplus, caught="vmap"),
     Real("softplus whose jvp forgets β", SoftplusJvpForgetsBeta, _activated, softplus, caught="forward"),
+    Real("product whose kernel computes the gradient for x in NumPy", MulNumpyKernel,
+         lambda g: (torch.randn(4, 3, generator=g), torch.randn(4, 3, generator=g)), torch.mul,
+         caught=("with respect to grad_output differs from finite differences of your own forward",
+                 "double backward is wrong")),
     Real("softplus whose jvp overflows to nan", SoftplusJvpOverflows,
          lambda g: (torch.tensor([[0.0, 800.0, -3.0], [1.5, -800.0, 2.0]]), 2.0), softplus,
          caught=("gradcheck(check_forward_ad=True) failed", "is nan where the right one is finite")),
