@@ -13,7 +13,7 @@ exercise's own inputs (drawn from a recorded seed):
   their Function (double backward, a surrogate gradient, vmap and compile where the exercise
   needs them), nothing else;
 - (d) `check_function(fn, inputs, reference)`, the exercise's reference given, and the bytes the
-  model solution saves (the capstones: and their allowance per row) as `max_saved_bytes`.
+  model solution saves (and what the capstones' contracts grant besides) as `max_saved_bytes`.
 
 Prints a markdown table (bug class × answers each tool catches, false alarms on right answers,
 CPU seconds per Function checked) and writes it, with every answer's verdicts, to
@@ -108,13 +108,18 @@ def _spec(name, reference, cases, **options) -> FunctionSpec:
 
 # What the exercises' own checks demand besides the numbers, so an author of such a Function
 # would state it: backward skips the gradients nobody asked for; and (given with the reference,
-# as `max_saved_bytes`: what the model solution saves on the same call, plus the capstones'
-# allowance of a few numbers per row as their contracts grant) what is saved. (The checkpoint's
-# right answers may save the random generator's state: its course checks judge no bytes.)
+# as `max_saved_bytes`: what the model solution saves on the same call, plus what the capstones'
+# contracts grant beyond it) what is saved. (The checkpoint's right answers may save the random
+# generator's state: its course checks judge no bytes.)
 NEEDS_INPUT_GRAD = {"linear", "polar_to_cartesian", "leaky_relu", "linear_relu"}
 SAVED = {"sigmoid", "sort", "sinh_intermediates", "swish", "logsumexp", "grad_reverse", "fixed_point", "leaky_relu",
          "linear_relu", "fused_cross_entropy", "fused_linear_cross_entropy"}
-PER_ROW = {"fused_cross_entropy", "fused_linear_cross_entropy"}
+GRANTED: dict[str, Callable[[tuple], int]] = {
+    "fused_cross_entropy": lambda args: cap.allowance(max(1, args[1].numel())),  # a few numbers per row
+    # (capstone.linear_kept: as much as hidden and weight, and a few numbers per row)
+    "fused_linear_cross_entropy": lambda args: (args[0].numel() + args[1].numel()) * cap.BYTES_PER_NUMBER
+    + cap.allowance(args[0].shape[0]),
+}
 TARGETS = [
     Target("03_function_basics", "clipped_relu", ("ClippedReLU",), fb.CLIPPED_RELU),
     Target("03_function_basics", "linear", ("Linear",), fb.LINEAR),
@@ -271,16 +276,15 @@ def _opcheck(objects: list[Any], cases: list[tuple]) -> None:
                 torch.library.opcheck(op, devices.prepare(args, "cpu"))
 
 
-def _saved_by(model: Any, per_row: bool) -> Callable[..., int]:
-    """A budget of bytes saved for backward: what `model` saves on the same arguments (and
-    with `per_row`, the capstones' allowance for the rows of the integer target)."""
+def _saved_by(model: Any, granted: Callable[[tuple], int] | None) -> Callable[..., int]:
+    """A budget of bytes saved for backward: what `model` saves on the same arguments, and what
+    the contract grants besides."""
     def budget(*args: Any) -> int:
         copies = [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
                   for a in args]
         with contextlib.redirect_stderr(io.StringIO()):
             saved = record(model, *copies).nbytes
-        rows = next(a.numel() for a in args if isinstance(a, torch.Tensor) and not a.is_floating_point())
-        return saved + (cap.allowance(max(1, rows)) if per_row else 0)
+        return saved + (granted(args) if granted else 0)
 
     return budget
 
@@ -311,7 +315,7 @@ def run_target(target: Target, base: dict, answers_per_kind: int | None) -> list
     first = {"double_backward": target.spec.double_backward, "surrogate_gradient": target.spec.surrogate_gradient,
              "autograd_in_backward": target.spec.autograd_in_backward, "keeps_dtype": target.spec.keeps_dtype,
              "needs_input_grad": target.exercise in NEEDS_INPUT_GRAD, **target.options}
-    budget = _saved_by(model[0], target.exercise in PER_ROW)
+    budget = _saved_by(model[0], GRANTED.get(target.exercise))
     given = {**first, "max_saved_bytes": budget} if target.exercise in SAVED else first
     rows = []
     for kind, label, source, device in answers:
