@@ -20,10 +20,24 @@ WORK ?= work
 PUBLIC ?= public
 ROOT_FLAG = $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
-.PHONY: test lint lab instructor release publish autograde bench compare-stock verdicts fuzz bench-function-check gpu-check gpu-wheels lock system-tools test-tools hub-tools clean
+.PHONY: test tests check quick-tests lint lab instructor release publish autograde bench compare-stock verdicts fuzz bench-function-check gpu-check gpu-wheels lock system-tools test-tools hub-tools clean
 
-test: $(STAMP) system-tools test-tools hub-tools lint
+# Lint runs beside the tests (mypy's minute on one core while the test workers start); a
+# lint error fails the run when the tests end.
+test: $(STAMP) system-tools test-tools hub-tools
+	$(MAKE) --no-print-directory -j2 lint tests
+
+tests: $(STAMP)
 	$(BIN)/python -m pytest
+
+# Between commits (at most 5 minutes on two cores): lint beside the tests that need no
+# browser, server, stock nbgrader, kernel or grading run (`-m "not slow"`: the unit tests, and
+# each notebook's checks judged on its model solution and the first wrong answer of each exercise).
+check: $(STAMP) system-tools
+	$(MAKE) --no-print-directory -j2 lint quick-tests
+
+quick-tests: $(STAMP)
+	$(BIN)/python -m pytest -n 2 -m "not slow" --verdicts-wrong-only
 
 # Style (ruff), types (mypy, strict on the grader, the runner, the sandbox and the student
 # package: pyproject.toml) and the trust boundary's imports (import-linter's contract).
@@ -81,12 +95,15 @@ bench-function-check: $(STAMP)
 	$(BIN)/python bench/function_check_vs_stock.py $(ARGS)
 
 # A thousand notebooks mutated at random in structure and metadata, graded beside honest
-# students (tests/test_fuzz.py; `make test` grades a sample). FUZZ_SEED replays a run. It
+# students, and 500 hostile replies judged by the checks within the grader's bounds
+# (tests/test_fuzz.py; `make test` runs a sample of each). FUZZ_SEED replays a run. It
 # and compare-stock lift make test's 15-minute limit per test (--timeout 0).
 FUZZ ?= 1000
+FUZZ_REPLIES ?= 500
 FUZZ_SEED ?= 20261127
 fuzz: $(STAMP) system-tools
-	$(BIN)/python -m pytest -n 0 --timeout 0 tests/test_fuzz.py --fuzz $(FUZZ) --fuzz-seed $(FUZZ_SEED)
+	$(BIN)/python -m pytest -n 0 --timeout 0 tests/test_fuzz.py --fuzz $(FUZZ) --fuzz-replies $(FUZZ_REPLIES) \
+	  --fuzz-seed $(FUZZ_SEED)
 
 # `make test` checks that the grader's verdicts are the kernel's on a sample of the known
 # answers (the first wrong and right answer of each exercise); this on every one of them.

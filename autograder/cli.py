@@ -72,6 +72,22 @@ def release() -> None:
         typer.echo(f"normalised solutions/{slug}")
     typer.echo(f"course/ regenerated from solutions/ ({len(slugs)} notebooks), and the summary cells' list of "
                "visible checks")
+    _remind_to_rotate(authoring.ROOT)
+
+
+def _remind_to_rotate(root: Path) -> None:
+    """A new term's class must not draw the hidden inputs the last class drew (README,
+    "Rotate the secret each term"): say so when a release finds a secret made before it."""
+    import datetime
+
+    from .grader import secret
+
+    where = secret.path(root)
+    if where.is_file():
+        made = datetime.date.fromtimestamp(where.stat().st_mtime)
+        typer.echo(f"the grading secret was made on {made}: if this release starts a new term, run `autograder "
+                   "secret --rotate` before its class is graded, so that its hidden checks draw inputs no earlier "
+                   "feedback has shown (earlier grades still replay from the seeds they recorded)")
 
 
 @app.command()
@@ -186,7 +202,8 @@ def replay(
     After a complaint, say: the cell's checks draw the inputs its verdict was drawn from
     (the seeds its autograded notebook records), and the notebook runs sandboxed up to
     that cell, as when it was graded; nothing is written. A wrong assignment, student or
-    cell is answered at once, with the valid ones.
+    cell is answered at once, with the valid ones. A hidden test cell is shown as the
+    student saw it (no values), then with every value shown, its inputs included.
     Exit codes: 0 the verdict is the recorded one, 1 it differs (or was never recorded),
     2 there is nothing to replay.
     """
@@ -202,6 +219,10 @@ def replay(
         raise fail(str(error), error.code) from None
     typer.echo(f"{student} / {assignment} / {cell}, judged again with {found.seeds}:")
     typer.echo(as_text(found.outputs).rstrip() or "(no output)")
+    if found.revealed is not None:
+        typer.echo("the same cell with every value shown, its hidden inputs included (for you: the student's "
+                   "feedback shows none):")
+        typer.echo(as_text(found.revealed).rstrip() or "(no output)")
     if found.failure:
         typer.echo(f"the notebook stopped: {found.failure}")
     score = "no score (a visible check)" if found.score is None else f"score {found.score:g}"

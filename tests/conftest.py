@@ -3,9 +3,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+import scheduling
 from answers import Answer, for_notebook
 from autograder import authoring, registry
 from autograder.authoring import use_this_environment
+
+pytest_plugins = ["cost"]
 
 # nbgrader (in-process and as a subprocess) runs `alembic` by name.
 use_this_environment()
@@ -27,9 +30,14 @@ def pytest_addoption(parser):
     parser.addoption("--verdicts-all", action="store_true",
                      help="test_verdicts.py on every known answer, not the first of each kind per exercise "
                           "(`make verdicts`)")
+    parser.addoption("--verdicts-wrong-only", action="store_true",
+                     help="test_verdicts.py on the model solutions and the first wrong answer of each exercise "
+                          "(`make check`)")
     parser.addoption("--fuzz", type=int, default=24,
                      help="mutated notebooks graded by test_fuzz.py (`make fuzz`: 1000)")
     parser.addoption("--fuzz-seed", type=int, default=20261127, help="the seed test_fuzz.py generates them from")
+    parser.addoption("--fuzz-replies", type=int, default=40,
+                     help="hostile replies judged by test_fuzz.py (`make fuzz`: 500)")
 
 
 def pytest_configure(config):
@@ -39,18 +47,18 @@ def pytest_configure(config):
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the groups
-def pytest_collection_modifyitems(items):
-    """Tests sharing a notebook's graded course run in the same worker (graded once); a test
-    of an exercise — named by its parameters (a known answer, its label, a grade_id) or by
-    the test's own name — carries the exercise's grade_id as a marker."""
+def pytest_collection_modifyitems(config, items):
+    """A test of an exercise — named by its parameters (a known answer, its label, a
+    grade_id) or by the test's own name — carries the exercise's grade_id as a marker. Tests
+    sharing a set-up (a notebook's graded class, a module's graded course or server) run in
+    one worker, the longest units first (tests/scheduling.py)."""
     labels = _exercises_by_label()
     for item in items:
         params = item.callspec.params if hasattr(item, "callspec") else {}
-        slug = params.get("graded") or (params.get("slug") if "class_batches" in item.fixturenames else None)
-        if slug:
-            item.add_marker(pytest.mark.xdist_group(slug))
         for grade_id in _exercises_of(params, labels) | _exercises_named(getattr(item, "originalname", item.name)):
             item.add_marker(getattr(pytest.mark, grade_id))
+    # pytest-xdist's workers run with dist "no" and loadgroup set; the controller collects nothing.
+    scheduling.schedule(items, ordered=getattr(config.option, "loadgroup", False))
 
 
 def _exercises_by_label() -> dict[str, set[str]]:

@@ -1,12 +1,16 @@
 """A throwaway nbgrader course for tests: release, submit, autograde with stock nbgrader."""
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
+import hashlib
 import itertools
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import types
 import zipfile
 from dataclasses import dataclass, field
@@ -58,11 +62,18 @@ class Course:
 
     def __init__(self, root: Path, slugs: list[str]) -> None:
         self.root = root
-        shutil.copy(authoring.ROOT / "nbgrader_config.py", root)
-        for slug in slugs:
-            shutil.copytree(authoring.ROOT / "solutions" / slug, root / "solutions" / slug)
-        authoring.release(root)
+        shutil.copytree(released(tuple(slugs)), root, dirs_exist_ok=True)
         self.db_url = f"sqlite:///{root / 'gradebook.db'}"
+
+    def keep_secret(self, name: str) -> bytes:
+        """Give the course a grading secret derived from `name` (recorded), as `autograder grade`
+        would make one at random: its hidden checks then draw the same inputs on every run."""
+        from autograder.grader import secret
+
+        key = hashlib.sha256(f"test course secret: {name}".encode()).digest()
+        secret.path(self.root).parent.mkdir(exist_ok=True)
+        secret.path(self.root).write_text(key.hex() + "\n")
+        return key
 
     def released(self, slug: str) -> nbformat.NotebookNode:
         return nbformat.read(self.root / "course" / slug / f"{slug}.ipynb", as_version=4)
@@ -94,6 +105,19 @@ class Course:
         with Gradebook(self.db_url) as gradebook:
             notebook = gradebook.find_submission_notebook(slug, slug, student)
             return {g.name: (g.score, g.max_score) for g in notebook.grades if g.cell.cell_type == "code"}
+
+
+@functools.cache
+def released(slugs: tuple[str, ...]) -> Path:
+    """A course root with `slugs` released by stock nbgrader, made once per test process (a
+    release and its new gradebook cost seconds): every Course of them is a copy."""
+    root = Path(tempfile.mkdtemp(prefix="released-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    shutil.copy(authoring.ROOT / "nbgrader_config.py", root)
+    for slug in slugs:
+        shutil.copytree(authoring.ROOT / "solutions" / slug, root / "solutions" / slug)
+    authoring.release(root)
+    return root
 
 
 def canvas_download(course: Course, slug: str, uploads: list[tuple[str, Path, bool]]) -> Path:
@@ -166,6 +190,7 @@ class ClassBatch:
     exercises: list[Exercise]
     submissions: dict[str, Submission]
     result: subprocess.CompletedProcess
+    scores_read: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict, repr=False)
 
     # What stock nbgrader also grades in `make test`: a wrong and a right answer of every
     # exercise (right0 passes every graded cell, as the model does); `make compare-stock`
@@ -185,11 +210,18 @@ class ClassBatch:
         for sub in submissions:
             course.submit(sub.student, slug, {**model, **{ex: a.apply(model[ex]) for ex, a in sub.answers.items()}})
         course.submit("released", slug, None)
+        course.keep_secret(f"class batch {slug}")
         autograder = Path(sys.executable).with_name("autograder")
         result = subprocess.run([str(autograder), "grade", slug, "--feedback"], cwd=root, capture_output=True,
                                 text=True, timeout=1800)
         return ClassBatch(slug, course, found, {s.student: s for s in submissions}, result)
 
+    def scores(self, student: str) -> dict[str, tuple[float, float]]:
+        """Course.scores, read from the gradebook once per submission (hundreds of tests ask)."""
+        if student not in self.scores_read:
+            self.scores_read[student] = self.course.scores(self.slug, student)
+        return self.scores_read[student]
+
     def points(self, student: str, exercise: Exercise) -> tuple[float, float]:
-        scores = self.course.scores(self.slug, student)
+        scores = self.scores(student)
         return (sum(scores[g][0] for g in exercise.graded), sum(scores[g][1] for g in exercise.graded))

@@ -306,7 +306,7 @@ def test_max_whole_gradient_to_every_tied_entry():
 
 def test_max_whole_gradient_to_one_index():
     def first_only(is_max, dim):
-        return torch.zeros_like(is_max, dtype=torch.float64).scatter(dim,
+        return torch.zeros_like(is_max, dtype=torch.float32).scatter(dim,
                                                                      is_max.to(torch.uint8).argmax(dim, keepdim=True),
                                                                      1.0)
 

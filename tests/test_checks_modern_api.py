@@ -414,13 +414,14 @@ def test_swish_jvp_mistakes_only_special_points_or_ctx_show(edits, expected):
 
 
 def test_every_draw_holds_the_special_points():
-    """Hidden tests draw fresh inputs: the special points are there in each draw."""
+    """Hidden tests draw fresh inputs: the special points are there in each draw (at places
+    of its own)."""
     for seed in (None, None, 3):
         generator = torch.Generator().manual_seed(ma.inputs.seed_of(seed))
         (x, _), = ma._swish_cases([((4, 3), (3,))])(generator)
-        assert x.flatten()[:3].tolist() == list(ma.SWISH_SPECIAL)
+        assert all(v in x.flatten().tolist() for v in ma.SWISH_SPECIAL)
         (x,), = ma._softmax_cases([(2, 3)])(generator)
-        assert x.flatten()[:3].tolist() == list(ma.LARGE)
+        assert all(v in x.flatten().tolist() for v in ma.LARGE)
 
 
 def test_forward_mode_gradcheck_uses_the_students_own_forward():
@@ -430,10 +431,12 @@ def test_forward_mode_gradcheck_uses_the_students_own_forward():
     student = Remote("Swish", loopback(namespace))
     args = (torch.randn(3, dtype=torch.float64), torch.rand((), dtype=torch.float64) + 0.5)
     with pytest.raises(CheckFailed) as failed:
-        ma._forward_gradcheck(student, "Swish", args, ("x", "beta"), torch.Generator().manual_seed(0), {})
+        ma._forward_gradcheck(student, "Swish", args, ("x", "beta"), torch.Generator().manual_seed(0), {},
+                              [ma._swish(*args)])
     assert "disagrees with finite differences of your own forward" in str(failed.value)
     with pytest.raises(CheckFailed) as failed:
-        ma._forward_gradcheck(namespace["Swish"], "Swish", args, ("x", "beta"), torch.Generator().manual_seed(0), {})
+        ma._forward_gradcheck(namespace["Swish"], "Swish", args, ("x", "beta"), torch.Generator().manual_seed(0), {},
+                              [ma._swish(*args)])
     assert "gradcheck(check_forward_ad=True) failed" in str(failed.value)
 
 

@@ -3,7 +3,6 @@ of wrong answer fails with the message that names its mistake, and the verdicts 
 same through a Remote proxy (the grader's way of reaching a student's process)."""
 from __future__ import annotations
 
-import re
 import textwrap
 
 import nbformat
@@ -151,7 +150,7 @@ def test_swish_inputs_hold_their_special_points_in_every_draw(seed):
     drawn = rw._swish_cases(cases)(torch.Generator().manual_seed(seed))
     for (x, beta), (_, _, kind) in zip(drawn, cases):
         z = (beta * x).flatten()
-        assert (x == 0).any() and z[0] == 0
+        assert (x == 0).any() and (z == 0).any()
         if kind == "large":
             assert z.max() >= 750 and z.min() <= -750
         else:
@@ -501,21 +500,6 @@ def test_spirals_are_balanced_and_seeded():
     again, _ = rw.spirals(torch.Generator().manual_seed(3))
     assert x.shape == (150, 2) and x.dtype == torch.float32 and torch.equal(x, again)
     assert torch.bincount(y).tolist() == [50, 50, 50]
-
-
-def test_the_introduction_states_the_reading_and_exercise_time_honestly():
-    """Reading: every word of the released notebook (text, hints, given code) at 200 a minute;
-    the exercises: the sum of the table; the total: both (to 5 minutes)."""
-    released = nbformat.read(authoring.ROOT / "course" / "09_real_world" / "09_real_world.ipynb", as_version=4)
-    intro = released.cells[0].source.replace("\n", " ").replace(",", "")
-    words = sum(len(cell.source.split()) for cell in released.cells)
-    hours, minutes, reading, stated_words, exercises = map(int, re.search(
-        r"\*\*Time:\*\* about (\d) h (\d+) min — (\d+) min to read .*?some (\d+) words.*?(\d+) min for the exercises",
-        intro).groups())
-    table = sum(int(m) for m in re.findall(r"\| ★[★☆]{2} \| (\d+) min \|", intro))
-    assert abs(stated_words - words) <= 0.05 * words, (stated_words, words)
-    assert abs(reading - words / 200) <= 3 and exercises == table
-    assert abs(60 * hours + minutes - (reading + exercises)) <= 5
 
 
 def test_solutions_source_matches_the_notebook():

@@ -5,6 +5,7 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
 import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -50,20 +51,24 @@ def test_pins_match_the_locked_environment():
         assert Version(version) in Requirement(f"{name}{spec}").specifier, name
 
 
+@pytest.mark.slow
 def test_the_tests_of_one_graded_notebook_share_a_worker():
     """--dist loadgroup sends the tests of one notebook's class batch to one worker, which
     grades it once (pytest 9.2 with pytest-xdist 3.8 drops the groups silently, and so did a
     conftest hook that ran after xdist's: every batch was graded in both workers, minutes of
-    `make test`)."""
+    `make test`); so do the tests of one module-scoped fixture (a graded course: before
+    tests/scheduling.py, test_red_team.py's was graded by each worker that ran one of its tests)."""
     planned = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "--setup-plan",
-         "tests/test_grading.py", "tests/test_engine_scores.py"],
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "1", "-v", "--setup-plan",
+         "tests/test_grading.py", "tests/test_engine_scores.py", "tests/test_red_team.py"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
     assert planned.returncode == 0, planned.stdout[-2000:]
     ids = [line.strip() for line in planned.stdout.splitlines() if re.match(r"tests/\S+::", line)]
-    graded = [i for i in ids if "[" in i and "three_wrong" not in i]
+    graded = [i for i in ids if "[" in i and "three_wrong" not in i and "red_team" not in i]
     assert len(graded) > 50
     # test[SLUG]@SLUG, or test[SLUG-exercise-label]@SLUG (a known answer of that batch)
     ungrouped = [i for i in graded if not re.search(r"\[(\d\d_[a-z_]+)\b.*\]@\1(\s|$)", i)]
     assert not ungrouped, ungrouped[:3]
+    red_team = {re.sub(r"^\S+@(\S+).*", r"\1", i) for i in ids if i.startswith("tests/test_red_team.py::")}
+    assert red_team == {"test_red_team.py::graded"}, red_team

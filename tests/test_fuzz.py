@@ -10,15 +10,23 @@ notebook that reached code that trusted it.
 
 `make test` grades a small sample; `make fuzz` (`--fuzz 1000`) a thousand or more. The
 examples come from a recorded seed (`--fuzz-seed`), so a failure can be replayed.
+
+Replies too: a student's process may answer the grader's requests with tensors of any
+shape and dtype (tests/hostile_replies.py), and whatever it sends, the grader's cost stays
+bounded (`--fuzz-replies`: a sample in `make test`, more in `make fuzz`).
 """
 from __future__ import annotations
 
 import csv
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
+import hostile_replies
 from engine_course import grade, rows, solutions, with_answers
 from grading import Course
 from notebook_mutations import as_bytes, mutants
@@ -95,3 +103,23 @@ def test_no_mutant_reaches_code_that_trusts_it(fuzzed):
     examples = {student: texts[int(student[1:])][:400] for student in list(trusted)[:3]}
     assert not trusted, f"{len(trusted)} mutants reached the grader's last resort: {trusted}\nexamples: {examples}"
 
+
+
+def test_no_reply_costs_the_grader_more_than_its_bounds(request):
+    """Replies with empty, huge (declared or real), broadcastable and stride-0 tensors of any
+    dtype, to any request of two of notebook 03's checks, hidden and visible: the grader's
+    peak memory stays within 600 MB of an honest check's and each check's CPU within 5 s
+    (before every tensor was bounded, one reply of shape (8000000, 0) cost 9.3 CPU-s and
+    1.3 GB, one broadcast against the reference 770 MB; measured here), and every check ends
+    with a verdict or a refusal that names the problem."""
+    count, at = request.config.getoption("--fuzz-replies"), request.config.getoption("--fuzz-seed")
+    script = Path(hostile_replies.__file__)
+    ran = subprocess.run([sys.executable, str(script), str(count), str(at)], capture_output=True, text=True,
+                         timeout=120 + 5 * count)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    found = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert found["over_baseline"] <= hostile_replies.MEMORY, found
+    assert found["slowest"] <= hostile_replies.CPU, found
+    endings = {"passed", "CheckFailed", "RemoteError", "Malformed"}
+    assert set(found["ended"]) <= endings, found["ended"]
+    assert sum(found["ended"].values()) == count and len(found["ended"]) > 2, found["ended"]

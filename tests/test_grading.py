@@ -183,3 +183,38 @@ def test_each_exercise_has_three_wrong_answers_and_an_unusual_right_one(slug):
         assert len(wrong) >= 3 and right, f"{slug} {exercise.answer_id}: {len(wrong)} wrong, {len(right)} right"
         for answer in wrong + right:
             assert answer.apply(exercise.solution) != exercise.solution, answer.label
+
+
+def _claims(nb: nbformat.NotebookNode) -> dict[str, list[str]]:
+    """{a graded cell's grade_id: the ✔ lines its check printed, in order}."""
+    found = {}
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "code" and meta.get("grade"):
+            text = "".join(output.get("text", "") for output in cell.outputs if output.output_type == "stream")
+            found[meta["grade_id"]] = [line for line in text.splitlines() if line.startswith("✔")]
+    return found
+
+
+@pytest.mark.slow
+def test_every_claim_a_check_prints_is_refuted_by_a_known_wrong_answer(graded):
+    """A ✔ line claims what its check established since the line before it. A known wrong
+    answer that printed the model's first k ✔ lines of a cell and then lost its points
+    refuted claim k + 1. A claim no wrong answer refutes is asserted by nothing that can
+    fail: a missing wrong answer or a check that claims more than it checks. (A line is one
+    claim here: a line's several clauses share their wrong answers.)"""
+    claims = _claims(notebook(graded.course, "autograded", "correct", graded.slug))
+    refuted: dict[str, set[int]] = {cell: set() for cell in claims}
+    for student, submission in graded.submissions.items():
+        if not submission.wrong:
+            continue
+        scores = graded.scores(student)
+        for cell, printed in _claims(notebook(graded.course, "autograded", student, graded.slug)).items():
+            score, most = scores[cell]
+            shared = next((k for k, (line, model) in enumerate(zip(printed, claims[cell])) if line != model),
+                          min(len(printed), len(claims[cell])))
+            if score < most and shared < len(claims[cell]):
+                refuted[cell].add(shared)
+    unrefuted = [f"{cell}: {line}" for cell, lines in claims.items() for k, line in enumerate(lines)
+                 if k not in refuted[cell]]
+    assert unrefuted == [], f"{graded.slug}: claims no known wrong answer fails:\n" + "\n".join(unrefuted)

@@ -72,6 +72,7 @@ def _outside_markers(source: str) -> str:
     return "\n".join(kept)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("slug", SLUGS)
 def test_solution_runs_top_to_bottom_with_every_check_passing(slug):
     nb = _solution(slug)

@@ -114,6 +114,7 @@ check_answers({answers!r}, WHEN_TO_WRITE_CHOICES, "abcdefg", quiz={quiz!r})
 """
 
 
+@pytest.mark.slow  # `autograder publish` in processes of its own: seconds
 @pytest.mark.parametrize("self_study", [False, True])
 def test_autograder_publish_writes_the_class_or_the_self_study_edition(tmp_path, self_study):
     """`autograder publish OUT [--self-study]` (make publish): a class's quiz check looks at the
@@ -180,6 +181,7 @@ def _clone_of(folder: Path, url: str) -> Path:
     return folder
 
 
+@pytest.mark.slow  # `autograder publish` in processes of its own: seconds
 @pytest.mark.parametrize("self_study_edition", [False, True])
 def test_publishing_refuses_to_write_one_edition_where_the_other_belongs(tmp_path, self_study_edition):
     """Into a clone of the other edition's repository (its address as https or ssh), or over the

@@ -88,6 +88,22 @@ def test_a_verdict_replays_and_survives_a_rotated_secret(course):
     assert _judged(course, "model")["seeds"] != seeds
 
 
+@pytest.mark.slow
+def test_a_hidden_cell_shows_the_student_no_input_and_the_instructor_every_one(course):
+    """bug_a fails the hidden check: its feedback names shapes and the first entry that
+    differs, no input; `autograder replay` repeats that verdict and then shows the same cell
+    with its inputs."""
+    cell = "check_clipped_relu_hidden"
+    seen = "".join(o.get("text", "") + o.get("ename", "") + o.get("evalue", "")
+                   for o in _judged(course, "bug_a")["outputs"][cell])
+    assert "CheckFailed" in seen and "a float64 tensor of shape" in seen, seen
+    assert "entries differ; first at index" in seen and "tensor([" not in seen, seen
+    replayed = _autograder(course, "replay", SLUG, "bug_a", cell)
+    assert replayed.returncode == 0 and "the same verdict" in replayed.stdout, replayed.stdout + replayed.stderr
+    student, instructor = replayed.stdout.split("with every value shown")
+    assert "tensor([" not in student and "x = tensor([" in instructor
+
+
 def test_a_secret_is_made_whole_or_not_at_all_and_a_damaged_one_is_one_line(tmp_path, monkeypatch):
     """A full disk while the secret is made leaves no empty secret behind (which the next run
     would read as another secret); a damaged one stops grading with one line."""
@@ -110,3 +126,17 @@ def test_a_secret_is_made_whole_or_not_at_all_and_a_damaged_one_is_one_line(tmp_
                           capture_output=True, text=True)
     assert told.returncode == 1 and told.stdout == "" and len(told.stderr.strip().splitlines()) == 1, told.stderr
     assert "does not hold a secret of 32 bytes" in told.stderr and "--rotate" in told.stderr
+
+
+def test_a_release_reminds_to_rotate_a_secret_made_before_it(tmp_path, capsys):
+    """A new term's class must not draw the inputs the last class drew: a release that finds
+    a secret says when it was made and how to rotate it; without one it says nothing."""
+    from autograder import cli
+    from autograder.grader import secret
+
+    cli._remind_to_rotate(tmp_path)
+    assert capsys.readouterr().out == ""
+    secret.load(tmp_path)
+    cli._remind_to_rotate(tmp_path)
+    said = capsys.readouterr().out
+    assert "grading secret was made on" in said and "autograder secret --rotate" in said

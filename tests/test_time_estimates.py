@@ -1,5 +1,6 @@
-"""Every notebook's time estimate counts what a student does: reading the text and the given
-code (at about 200 words a minute) and the exercises (their own estimates). Each notebook's
+"""Every notebook's time estimate counts what a student does: reading the text (about 200 words
+a minute) and the given code (about 100: code is read slowly, and run), and the exercises
+(their own estimates, ★★☆ and ★★★ scaled up as the README says). Each notebook's
 introduction states it, and so does the README's table of notebooks."""
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import pytest
 from autograder import authoring
 
 SLUGS = authoring.assignments()
-WORDS_PER_MINUTE = 200
+PROSE_PER_MINUTE = 200  # words of markdown: text, hints, formulas
+CODE_PER_MINUTE = 100  # words of the given code, read and run
+SITTING = 150  # minutes: a notebook past about 2½ h says how to take it in sittings
 
 EXERCISE = re.compile(r"^## Exercise \d+\.\d+ .*~(\d+) min\)", re.M)
 # The introduction's paragraph "**Time:** about 1¾ h — 23 min to read the text and run the
@@ -21,7 +24,8 @@ DURATION = r"\d+ h(?: \d+(?: min)?)?|[\d¼½¾]+ h|\d+ min"
 TOTAL = re.compile(rf"about ({DURATION})(?: in all| —)")
 READING = re.compile(r"(\d+) min (?:to read|of reading)")
 EXERCISES = re.compile(r"(\d+) min (?:for the exercises|of exercises)")
-WORDS = re.compile(r"([\d,]+)\s+words")  # an introduction may also give the count it reads at 200 a minute
+WORDS = re.compile(r"([\d,]+) words of prose .*?([\d,]+) of code", re.S)  # the counts it reads at those rates
+SITTINGS = re.compile(r"Take it in\s+(two|three)\s+sittings")
 FRACTIONS = {"¼": 0.25, "½": 0.5, "¾": 0.75}
 
 
@@ -49,14 +53,19 @@ def released(slug: str) -> nbformat.NotebookNode:
     return nbformat.read(authoring.ROOT / "course" / slug / f"{slug}.ipynb", as_version=4)
 
 
+def prose_words(nb: nbformat.NotebookNode) -> int:
+    return sum(len(cell.source.split()) for cell in nb.cells if cell.cell_type == "markdown")
+
+
+def code_words(nb: nbformat.NotebookNode) -> int:
+    """Words of the given code: not the answer cells, not the setup cell."""
+    return sum(len(cell.source.split()) for cell in nb.cells if cell.cell_type == "code"
+               and not (cell.metadata.get("nbgrader", {}).get("solution")
+                        or cell.metadata.get("nbgrader", {}).get("grade_id") == "setup"))
+
+
 def reading_minutes(nb: nbformat.NotebookNode) -> float:
-    """Words of the markdown and of the given code (not the answer cells, not the setup cell)."""
-    words = 0
-    for cell in nb.cells:
-        meta = cell.metadata.get("nbgrader", {})
-        if cell.cell_type == "markdown" or not (meta.get("solution") or meta.get("grade_id") == "setup"):
-            words += len(cell.source.split())
-    return words / WORDS_PER_MINUTE
+    return prose_words(nb) / PROSE_PER_MINUTE + code_words(nb) / CODE_PER_MINUTE
 
 
 def exercise_minutes(nb: nbformat.NotebookNode) -> int:
@@ -94,15 +103,25 @@ def test_the_introduction_states_reading_and_exercise_time(slug):
         f"{slug}: about {reading + exercises:.0f} min in all")
 
 
+@pytest.mark.parametrize("slug", SLUGS)
+def test_the_introductions_table_gives_each_exercise_its_own_estimate(slug):
+    nb = released(slug)
+    headings = {m.group(1): m.group(2) for cell in nb.cells if cell.cell_type == "markdown"
+                for m in re.finditer(r"^## Exercise (\d+\.\d+) .*~(\d+) min\)$", cell.source, re.M)}
+    table = dict(re.findall(r"^\| (\d+\.\d+) \|.*?\| ★[★☆]{2} \| (\d+) min \|", nb.cells[0].source, re.M))
+    assert table == headings
+
+
 def test_a_stated_word_count_is_the_notebooks_own():
     stale = {}
     for slug in SLUGS:
         nb = released(slug)
         paragraph = PARAGRAPH.search(nb.cells[0].source)
         stated = paragraph and WORDS.search(paragraph.group(1))
-        words = reading_minutes(nb) * WORDS_PER_MINUTE
-        if stated and not within(int(stated.group(1).replace(",", "")), words, least=100, share=0.03):
-            stale[slug] = f"says {stated.group(1)} words, has {words:,.0f}"
+        counted = (prose_words(nb), code_words(nb))
+        if stated and not all(within(int(said.replace(",", "")), words, least=100, share=0.03)
+                              for said, words in zip(stated.groups(), counted)):
+            stale[slug] = f"says {stated.group(1)} words of prose and {stated.group(2)} of code, has {counted}"
     assert stale == {}
 
 
@@ -114,14 +133,15 @@ def test_the_readme_table_states_the_whole_time(slug):
     assert within(minutes(stated), total, least=10, share=0.1), f"{slug}: README says {stated}, about {total:.0f} min"
 
 
-LONGEST = 150  # minutes: past about 2½ h a notebook is split into parts (08 and 11 are)
-
-
 @pytest.mark.parametrize("slug", SLUGS)
-def test_a_notebook_takes_at_most_about_two_and_a_half_hours(slug):
+def test_a_sitting_takes_at_most_about_two_and_a_half_hours(slug):
+    """A notebook past about 2½ h says in how many sittings to take it (at most three: past
+    that it is split into parts, as 08 and 11 are)."""
     nb = released(slug)
     total = reading_minutes(nb) + exercise_minutes(nb)
-    assert total <= LONGEST * 1.1, f"{slug}: about {total:.0f} min, past {LONGEST} min"
+    said = SITTINGS.search(PARAGRAPH.search(nb.cells[0].source).group(1))
+    sittings = {"two": 2, "three": 3}[said.group(1)] if said else 1
+    assert total <= SITTING * 1.1 * sittings, f"{slug}: about {total:.0f} min in {sittings} sitting(s)"
 
 
 def test_the_readme_lists_every_notebook():
@@ -143,3 +163,9 @@ def test_stated_times_are_read_as_minutes(stated, expected):
 def test_the_introductions_wordings_are_read(paragraph, expected):
     assert stated_times(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(
         f"# x\n\n{paragraph}\n\nMore.")])) == expected
+
+
+def test_the_readme_states_the_course_total():
+    stated = re.search(r"The course takes about (\d+) hours in all", (authoring.ROOT / "README.md").read_text())
+    total = sum(reading_minutes(released(slug)) + exercise_minutes(released(slug)) for slug in SLUGS) / 60
+    assert stated and within(int(stated.group(1)), total, least=1, share=0.05), f"about {total:.0f} hours"

@@ -6,6 +6,8 @@ from typing import Sequence
 
 import torch
 
+from ..student.report import hiding, show, unravel
+
 NOT_IMPLEMENTED = "not implemented yet: replace `raise NotImplementedError()` with your code"
 
 
@@ -154,10 +156,13 @@ def _broadcasts(small: tuple[int, ...], big: tuple[int, ...]) -> bool:
 
 
 def mismatch(expected: torch.Tensor, actual: torch.Tensor, *, rtol: float, atol: float) -> str:
-    """Where two tensors of the same shape first differ, and how many entries differ."""
+    """Where two tensors of the same shape first differ, and how many entries differ (the two
+    values there: what a hidden check shows of them)."""
     bad = ~torch.isclose(actual, expected, rtol=rtol, atol=atol, equal_nan=True)
     count, total = int(bad.sum()), bad.numel()
-    index = tuple(int(i) for i in bad.nonzero()[0]) if count else ()
+    if not count:
+        return f"no entry of {total} differs by more than rtol={rtol:g}, atol={atol:g}"
+    index = first_index(bad)
     where = f" at index {index}" if index else ""
     want, got = expected[index].item(), actual[index].item()
     digits = 6 if f"{want:.6g}" != f"{got:.6g}" else 15  # close values need more digits to tell apart
@@ -165,6 +170,27 @@ def mismatch(expected: torch.Tensor, actual: torch.Tensor, *, rtol: float, atol:
         f"{count} of {total} entries differ; first{where}: "
         f"expected {want:.{digits}g}, got {got:.{digits}g} (difference {got - want:.3g})"
     )
+
+
+def first_index(mask: torch.Tensor) -> tuple[int, ...]:
+    """The index of the first True entry of `mask` (without listing them all, as nonzero would)."""
+    return unravel(int(mask.reshape(-1).byte().argmax()), tuple(mask.shape))
+
+
+def differ(expected: torch.Tensor, actual: torch.Tensor, *, rtol: float = 0.0, atol: float = 0.0) -> list[str]:
+    """The lines that show how `actual` differs from `expected` (the same shape): both, and
+    where they first differ; in a hidden check (`report.hidden`), their dtype and shape and
+    the first difference only."""
+    same_shape = expected.shape == actual.shape and expected.device.type != "meta" and actual.device.type != "meta"
+    first = []
+    if same_shape and expected.numel() and not (expected.is_complex() or actual.is_complex()):
+        want, got = expected.detach().cpu(), actual.detach().cpu()
+        if want.dtype != got.dtype or not want.is_floating_point():
+            want, got = want.double(), got.double()
+        first = [mismatch(want, got, rtol=rtol, atol=atol)]
+    if hiding():
+        return [f"expected {show(expected)}, actual {show(actual)}", *first]
+    return [f"expected {show(expected)}", f"actual   {show(actual)}", *first]
 
 
 def gradient_cause(
@@ -182,7 +208,7 @@ def gradient_cause(
 
     broken = ~torch.isfinite(actual) & torch.isfinite(expected)
     if bool(broken.any()):
-        index = tuple(int(i) for i in broken.nonzero()[0])
+        index = first_index(broken)
         value = actual[index].item()
         return (
             f"your gradient is {value} at index {index}, where the right one is finite: a formula that divides by "

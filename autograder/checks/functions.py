@@ -93,7 +93,8 @@ def check_function(student: Any, spec: FunctionSpec, *, seed: int | None = 0) ->
                                "each output used alone") if what in partial]
     note(", ".join(["grad_output given not contiguous and expanded", *tried]) + ": the gradients agree too.")
     if spec.keeps_dtype:
-        note("float32 inputs: outputs in float32, values and gradients as the reference's.")
+        note("float32 inputs: outputs in float32, no float64 step in forward or backward (as your process reports "
+             "it), values and gradients as the reference's.")
     note(meta)
     if "cuda" not in devices.available():
         note(devices.NO_CUDA)
@@ -196,32 +197,43 @@ KEEP_DTYPE = ("keep the input's dtype: a float64 constant (`torch.tensor(..., dt
 
 
 def _in_float32(student: Any, spec: FunctionSpec, args: tuple, names: list[str], generator) -> None:
-    """Given float32 inputs, the outputs are float32 and the values and gradients those of
+    """Given float32 inputs (requiring grad, as in `_agree`), the outputs are float32, no step
+    of forward or backward makes a float64 tensor (autograd's engine would cast a gradient
+    computed so back to float32 without a word), and the values and gradients are those of
     the reference in float32 (to float32's precision)."""
     __tracebackhide__ = True
-    single = tuple(a.detach().float().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor)
-                   and a.dtype == torch.float64 else a for a in args)
+    single = devices.prepare(tuple(a.float() if isinstance(a, torch.Tensor) and a.dtype == torch.float64 else a
+                                   for a in args), "cpu")
     ref_args = _fresh(single)
     outs = [o for o in probe.outputs_of(spec.reference(*ref_args)) if probe.differentiable(o)]
     grad_outputs = [[_like(o, generator) for o in outs]]
     expected = probe.run(spec.reference, ref_args, grad_outputs)
-    actual = probe.run(student, single, grad_outputs)
+    (actual,) = probe.run_many(student, [probe.Run(single, grad_outputs, dtypes=True)])
     shown = _describe(single, names)
     if actual.error:
         _fail_error(spec, actual.error, names, shown, single)
+    if len(actual.outputs) != len(expected.outputs):
+        fail(f"{spec.name}: given float32 inputs, forward returned {len(actual.outputs)} tensor(s), expected "
+             f"{len(expected.outputs)}.", *shown)
     for k, (want, got) in enumerate(zip(expected.outputs, actual.outputs)):
         label = "forward" if len(expected.outputs) == 1 else f"forward output {k}"
         if got.dtype != want.dtype:
             fail(f"{spec.name}: given float32 inputs, {label} returned {got.dtype}, expected {want.dtype}.", *shown,
                  cause=KEEP_DTYPE)
-    wanted = [*expected.outputs, *(g for g in expected.grads[0] if g is not None)]
-    found = [*actual.outputs, *(g for g in actual.grads[0] if g is not None)]
-    for want, got in zip(wanted, found):
+    if actual.widened:
+        fail(f"{spec.name}: given float32 inputs, your code computes in float64: {actual.widened} (as your "
+             "process reports it).", *shown,
+             cause=KEEP_DTYPE + " A gradient computed in float64 is cast back to float32 by autograd's engine without "
+             "a word: its values look right, at twice the memory and, on a GPU, many times the time.")
+    pairs = [*zip(expected.outputs, actual.outputs), *zip(expected.grads[0], actual.grads[0])]
+    for want, got in pairs:
+        if want is None or got is None:
+            continue  # (the float64 run judged which gradients there are)
         scale = 1 + float(want.abs().amax()) if want.numel() else 1
         if want.is_floating_point() and got.shape == want.shape and not torch.allclose(
                 got.cpu().double(), want.cpu().double(), rtol=1e-3, atol=1e-4 * scale):
             fail(f"{spec.name}: given float32 inputs, the values or gradients differ from the reference's in float32 "
-                 "by more than float32's rounding.", *shown, f"expected {show(want)}", f"actual   {show(got)}",
+                 "by more than float32's rounding.", *shown, *explain.differ(want, got, rtol=1e-3, atol=1e-4 * scale),
                  cause="a step that loses float32's precision (a sum of large terms that cancel, an exp that "
                  "overflows in float32), or a value computed from something other than the input.")
 
@@ -364,8 +376,7 @@ def _compare_outputs(spec, expected: list, actual: list, shown: list[str]) -> bo
         if not same:
             fail(
                 f"{spec.name}: {label} has wrong values.", *shown,
-                f"expected {show(want)}", f"actual   {show(got)}",
-                explain.mismatch(want.double(), got.double(), rtol=spec.rtol, atol=spec.atol),
+                *explain.differ(want, got, rtol=spec.rtol, atol=spec.atol),
                 cause=f"every value is rounded to float32: {FLOAT32}" if _float32_rounded(want, got) else None,
             )
     return any(_float32_rounded(want.cpu(), got.cpu()) for want, got in zip(expected, actual))
@@ -411,8 +422,7 @@ def _compare_grad(spec, args, i, name, want, got, want_ones, shown, *, others=()
         causes.append(spec.hint(tuple(a.detach().cpu() if isinstance(a, torch.Tensor) else a for a in args), i, wrong))
     cause = " ".join(c for c in causes if c) or None
     fail(
-        f"{label}.", *shown, f"expected {show(want)}", f"actual   {show(got)}",
-        explain.mismatch(want, got, rtol=spec.rtol, atol=spec.atol), cause=cause,
+        f"{label}.", *shown, *explain.differ(want, got, rtol=spec.rtol, atol=spec.atol), cause=cause,
     )
 
 
@@ -430,9 +440,12 @@ def _compare_second(student, spec, target: str, want, got, shown, args, names) -
     __tracebackhide__ = True
     if _is_zero(want) and _is_zero(got):
         return
-    if got is not None and want is not None and torch.allclose(
-        got.cpu(), want.cpu(), rtol=spec.rtol, atol=spec.atol
-    ):
+    if want is None:
+        want = torch.zeros_like(got)
+    if got is not None and got.shape != want.shape:
+        fail(f"{spec.name}: double backward is wrong: the gradient of your gradient with respect to {target} has "
+             f"shape {shape(got)}, expected {shape(want)}.", *shown)
+    if got is not None and torch.allclose(got.cpu(), want.cpu(), rtol=spec.rtol, atol=spec.atol):
         return
     if _is_zero(got) and target == "grad_output":
         cause = (
@@ -448,8 +461,8 @@ def _compare_second(student, spec, target: str, want, got, shown, args, names) -
         f"{spec.name}: double backward is wrong: the gradient of your gradient with respect "
         f"to {target} differs from the reference.",
         *shown,
-        f"expected {show(want)}",
-        f"actual   {show(got) if got is not None else 'zero (not connected to the graph)'}",
+        *(explain.differ(want, got, rtol=spec.rtol, atol=spec.atol) if got is not None else
+          [f"expected {show(want)}", "actual   zero (not connected to the graph)"]),
         cause=cause,
     )
 
@@ -542,10 +555,10 @@ def _finite_differences(student: probe.StudentProxy, spec: FunctionSpec, plan: _
     slots = [i for i, a in enumerate(args) if probe.differentiable(a)]
     plain = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
     moves = [(i, _direction(plain[i], generator)) for i in slots for _ in range(DIRECTIONS)]
-    forwards = _forwards(student, spec, plain, [(i, u * eps) for i, u in moves], names, args)
+    vs = plan.grad_outputs[0]
+    forwards = _forwards(student, spec, plain, [(i, u * eps) for i, u in moves], names, args, vs)
     if not forwards:
         return
-    vs = plan.grad_outputs[0]
     grads = {i: torch.zeros_like(plain[i]) if g is None else g for i, g in zip(slots, actual.grads[0])}
     for (i, u), (plus, minus) in zip(moves, forwards):
         numeric = _slope(plus, minus, vs, eps)
@@ -616,8 +629,10 @@ def _second_finite_differences(student: probe.StudentProxy, spec: FunctionSpec, 
 
 
 def _forwards(student, spec, plain: list, steps: list[tuple[int, torch.Tensor]], names,
-              args) -> list[tuple[list, list]]:
-    """(outputs at x + step, outputs at x - step) for each (input, step): floating outputs only."""
+              args, like: list[torch.Tensor]) -> list[tuple[list, list]]:
+    """(outputs at x + step, outputs at x - step) for each (input, step): floating outputs only,
+    each of the shape of its counterpart in `like` (the forward's at x itself), or the check
+    fails before it computes with them."""
     __tracebackhide__ = True
     moved = [tuple(plain[k] + sign * step if k == i else a for k, a in enumerate(plain))
              for i, step in steps for sign in (1, -1)]
@@ -626,6 +641,13 @@ def _forwards(student, spec, plain: list, steps: list[tuple[int, torch.Tensor]],
         if isinstance(result, probe.ProbeError):
             _fail_error(spec, result, names, _describe(args, names))
     floating = [[o for o in r if o.is_floating_point()] for r in results]
+    wanted = [tuple(v.shape) for v in like]
+    for outs in floating:
+        if [tuple(o.shape) for o in outs] != wanted:
+            fail(f"{spec.name}: at a point a tiny step away from the input (finite differences), forward "
+                 f"returned shapes {[tuple(o.shape) for o in outs][:4]}, where at the input itself it returned "
+                 f"{wanted[:4]}.", *_describe(args, names),
+                 cause="forward's output must have the same shape for every value of its input.")
     return list(zip(floating[::2], floating[1::2]))
 
 
@@ -647,7 +669,7 @@ def _locate(student, spec: FunctionSpec, plain: list, i: int, grad: torch.Tensor
         step.view(-1)[j] = eps
         steps.append((i, step))
     name = _labels(names, len(plain))[i]
-    for j, (plus, minus) in enumerate(_forwards(student, spec, plain, steps, names, args)):
+    for j, (plus, minus) in enumerate(_forwards(student, spec, plain, steps, names, args, vs)):
         numeric, analytical = _slope(plus, minus, vs, eps), float(grad.view(-1)[j])
         if not _close(numeric, analytical):
             where, values = f"entry {j}", [f"numerical {numeric:.6g}", f"analytical {analytical:.6g}"]

@@ -88,12 +88,22 @@ def normal(shape: Sequence[int], generator: torch.Generator) -> torch.Tensor:
     return torch.randn(tuple(shape), generator=generator, dtype=torch.float64)
 
 
-def including(x: torch.Tensor, values: Sequence[float]) -> torch.Tensor:
-    """`x` with its first entries (in memory order) set to `values`: special points (zero, a
-    large magnitude, exactly a kink for a forward-only case) present in every draw, never
-    left to chance."""
+def including(x: torch.Tensor, values: Sequence[float], generator: torch.Generator) -> torch.Tensor:
+    """`x` with `values` at positions drawn from `generator`: special points (zero, a large
+    magnitude, exactly a kink for a forward-only case) present in every draw, never left to
+    chance, and never in the same places: an answer cannot tell a check's input by where its
+    special points are, nor be right only there."""
     found = x.clone()
     flat = found.view(-1)
     n = min(len(values), flat.numel())
-    flat[:n] = torch.tensor(list(values)[:n], dtype=x.dtype)
+    places = torch.randperm(flat.numel(), generator=generator)[:n]
+    flat[places] = torch.tensor(list(values)[:n], dtype=x.dtype)
     return found
+
+
+def among(values: Sequence[float] | torch.Tensor, generator: torch.Generator, others: int = 3) -> torch.Tensor:
+    """The special points `values` at random places among `others` standard-normal values
+    (float64, one dimension): a case of special points that no answer can recognise by its
+    layout."""
+    special = values.tolist() if isinstance(values, torch.Tensor) else list(values)
+    return including(normal((len(special) + others,), generator), special, generator)

@@ -44,11 +44,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..checks import inputs
+from ..checks import explain, inputs
 from ..checks.functions import FunctionSpec, check_function
 from ..student import capstone as student_side
 from ..student import devices, probe
-from ..student.report import CheckFailed, fail, note, passed, quiet, show
+from ..student.report import CheckFailed, fail, note, passed, quiet, show, value
 from ..student.saved import Names, Recording, Saved
 from .memory import Budget, judge_budget
 from .modern_api import (
@@ -312,7 +312,7 @@ def _check_float32(loss: Any, name: str, reference: Callable[..., Any], drawn: S
                            for a in args32)
             shown = [f"{n} = {show(a)}" for n, a in zip(arg_names, args32)]
             with quiet():
-                found = probe.run(loss, args32, [[weights.float().to(device)]])
+                (found,) = probe.run_many(loss, [probe.Run(args32, [[weights.float().to(device)]], dtypes=True)])
             if found.error is not None:
                 message = found.error.message.strip()
                 fail(f"{name} on float32 inputs raised {found.error.type} in {found.error.stage}: "
@@ -324,6 +324,11 @@ def _check_float32(loss: Any, name: str, reference: Callable[..., Any], drawn: S
                      cause="keep the inputs' dtype: no `.double()`, no tensor created with a fixed dtype "
                      "(`torch.ones(n)` is float32, `torch.tensor(0.0, dtype=torch.float64)` float64); build them from "
                      "the inputs (`torch.ones_like(...)`, `x.new_zeros(...)`, `.to(logits.dtype)`).")
+            if found.widened:
+                fail(f"{name} on float32 inputs computes in float64: {found.widened} (as your process reports it).",
+                     *shown, cause="keep the inputs' dtype in every step, forward and backward: a float64 tensor in "
+                     "between doubles the memory the capstone bounds, and autograd's engine casts a gradient computed "
+                     "in float64 back to float32 without a word. No `.double()`, no constant made in float64.")
             grads = found.grads[0] if found.grads else []
             size = scale(rounded)
             for label, got, expected in [("the loss", out, want.detach()), *(
@@ -331,12 +336,14 @@ def _check_float32(loss: Any, name: str, reference: Callable[..., Any], drawn: S
                     for i, g, w in zip(slots, grads, want_grads))]:
                 if not _close32(torch.zeros_like(expected) if got is None else got, expected, size):
                     fail(f"{name} on float32 inputs: {label} differs from the float64 reference by more than float32 "
-                         f"rounding (rtol {FLOAT32_RTOL:g}, logits up to {size:.4g}).", *shown,
-                         f"expected {show(expected)}", f"actual   {show(got)}",
+                         f"rounding (rtol {FLOAT32_RTOL:g}, logits up to {value(size)}).", *shown,
+                         *(explain.differ(expected.detach(), got.detach().cpu().double())
+                           if isinstance(got, torch.Tensor) and got.shape == expected.shape
+                           else [f"expected {show(expected)}", f"actual   {show(got)}"]),
                          cause="compute in the inputs' dtype with stable formulas (log-sum-exp with the row max taken "
                          "out); in float32, e^x overflows already at x = 89.")
-    passed(f"{name} on float32 inputs ({len(drawn)} case(s)): a float32 output, and values and gradients within "
-           "float32 rounding of the float64 reference.")
+    passed(f"{name} on float32 inputs ({len(drawn)} case(s)): a float32 output, no float64 step (as your process "
+           "reports it), and values and gradients within float32 rounding of the float64 reference.")
 
 
 def _logits_scale(args: tuple) -> float:
@@ -707,7 +714,7 @@ def _draw_linear(case: LinearCase, generator: torch.Generator, strided: bool = F
     target = _targets((rows,), classes, ignore, generator)
     if ignore is not None and rows >= 2 * chunk:
         target[chunk: 2 * chunk] = ignore  # a chunk of ignored rows: nothing counts in it
-    hidden = inputs.including(2 * inputs.normal((rows, features), generator), [LARGE])
+    hidden = inputs.including(2 * inputs.normal((rows, features), generator), [LARGE], generator)
     weight = inputs.normal((classes, features), generator)
     options = {"reduction": reduction, "ignore_index": -100 if ignore is None else int(ignore), "chunk_size": chunk,
                "strided": strided}

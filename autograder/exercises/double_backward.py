@@ -17,10 +17,11 @@ from .save_for_backward import check_finite, check_outputs
 
 
 def _uniform_cases(shapes: Sequence[Sequence[int]], *special: torch.Tensor):
-    """One uniform random x per shape, then the `special` points as they are."""
+    """One uniform random x per shape, then the `special` points among random values."""
 
     def cases(generator: torch.Generator) -> list[tuple]:
-        return [(inputs.uniform(shape, generator),) for shape in shapes] + [(x.clone(),) for x in special]
+        return [(inputs.uniform(shape, generator),) for shape in shapes] + [(inputs.among(x, generator),)
+                                                                            for x in special]
 
     return cases
 
@@ -46,7 +47,7 @@ def check_sinh(student: Any, *, shapes: Sequence[Sequence[int]] = ((5,), (2, 3))
     """sinh(x) with one output, whose gradient autograd can differentiate again, to every
     order (the third derivative is checked too); right at x = 0 and at large |x| too."""
     __tracebackhide__ = True
-    check_finite(student, "SinhFixed", torch.sinh, SINH_SPECIAL, SINH_OVERFLOW)
+    check_finite(student, "SinhFixed", torch.sinh, SINH_SPECIAL, SINH_OVERFLOW, inputs.generator(seed))
     spec = replace(SINH, cases=_uniform_cases(shapes, SINH_SPECIAL))
     check_function(student, spec, seed=seed)
     check_third_order(student, spec, seed=seed)
@@ -91,10 +92,13 @@ def _judge_third(name: str, x: torch.Tensor, want: torch.Tensor, found: Any) -> 
     if value is None:
         fail(f"{name}: derivative {order} is not connected to x: autograd could not differentiate that far.",
              *shown, f"expected {show(want)}", cause=THIRD_ORDER_CAUSE)
+    if value.shape != want.shape:
+        fail(f"{name}: the third derivative has shape {tuple(value.shape)[:8]}, expected {tuple(want.shape)}.", *shown,
+             cause=THIRD_ORDER_CAUSE)
     value = value.to(want.dtype).cpu()
-    if value.shape != want.shape or not torch.allclose(value, want, rtol=1e-6, atol=1e-9):
+    if not torch.allclose(value, want, rtol=1e-6, atol=1e-9):
         fail(f"{name}: the third derivative differs from the reference's.", *shown,
-             f"expected {show(want)}", f"actual   {show(value)}", cause=THIRD_ORDER_CAUSE)
+             *explain.differ(want, value, rtol=1e-6, atol=1e-9), cause=THIRD_ORDER_CAUSE)
 
 
 # --- Sinh that returns its intermediates as extra outputs (the PyTorch tutorial's fix) -------
@@ -188,7 +192,7 @@ def _cube_backward_cases(shapes: Sequence[Sequence[int]]):
     that divides by x is 0/0)."""
 
     def cases(generator: torch.Generator) -> list[tuple]:
-        return [(inputs.normal(shape, generator), inputs.including(inputs.uniform(shape, generator), [0.0]))
+        return [(inputs.normal(shape, generator), inputs.including(inputs.uniform(shape, generator), [0.0], generator))
                 for shape in shapes]
 
     return cases
@@ -351,8 +355,7 @@ def _check_hvp_once(
     actual = actual.detach().to(want.device, want.dtype)
     if not torch.allclose(actual, want, rtol=rtol, atol=atol):
         fail(
-            "hvp(f, x, v) differs from H v.", *shown, f"expected {show(want)}", f"actual   {show(actual)}",
-            explain.mismatch(want.cpu(), actual.cpu(), rtol=rtol, atol=atol),
+            "hvp(f, x, v) differs from H v.", *shown, *explain.differ(want.cpu(), actual.cpu(), rtol=rtol, atol=atol),
             cause=_hvp_cause(actual, want, ones, grad, rtol=rtol, atol=atol),
         )
     if call.backward_passes > 2:

@@ -263,7 +263,7 @@ def _compare_jacobians(
 def _first_difference(want: torch.Tensor, got: torch.Tensor, *, rtol: float, atol: float) -> str:
     """Where two Jacobians first differ, with enough digits to see a small difference."""
     bad = ~torch.isclose(got, want, rtol=rtol, atol=atol)
-    row, col = (int(k) for k in bad.nonzero()[0])
+    row, col = explain.first_index(bad)
     w, g = want[row, col].item(), got[row, col].item()
     return (f"{int(bad.sum())} of {bad.numel()} entries differ; first at row {row}, column {col}: "
             f"expected {w:.12g}, got {g:.12g} (difference {g - w:.2g})")

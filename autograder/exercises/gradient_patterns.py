@@ -53,8 +53,7 @@ GELU_SPECIAL = (0.0, 40.0, -40.0, 8.0, -8.0)
 def _gelu_cases(shapes: Sequence[Shape]):
     def cases(generator: torch.Generator) -> list[tuple]:
         found = [(inputs.uniform(s, generator, -4.0, 4.0),) for s in shapes]
-        special = torch.tensor(GELU_SPECIAL, dtype=torch.float64)
-        return [*found, (special,)]
+        return [*found, (inputs.among(GELU_SPECIAL, generator),)]
 
     return cases
 
@@ -193,7 +192,7 @@ def _check_unbroadcast_once(student, grad: torch.Tensor, shape: Shape) -> None:
         fail(f"{call} has shape {tuple(got.shape)}, expected {tuple(want.shape)}.", *given,
              cause=_known_mistake(got, _unbroadcast_mistakes(before, tuple(shape))))
     if not torch.allclose(got, want):
-        fail(f"{call} has wrong values.", *given, f"expected {show(want)}", f"actual   {show(got)}",
+        fail(f"{call} has wrong values.", *given, *explain.differ(want, got, rtol=1e-5, atol=1e-8),
              cause=_known_mistake(got, _unbroadcast_mistakes(before, tuple(shape))))
 
 
@@ -409,10 +408,13 @@ def _disagreement(student, args: tuple, generator: torch.Generator) -> tuple[str
                                 arg_shapes=[tuple(x.shape), None, None])
         return what, shown, False
     if out is None or not torch.allclose(out.cpu().to(want.dtype), want.cpu()):
-        return "forward has wrong values", [*shown[:2], f"expected {show(want)}", f"actual   {show(out)}"], False
+        compared = explain.differ(want, out, rtol=1e-5, atol=1e-8) if out is not None else ["no output"]
+        return "forward has wrong values", [*shown[:2], *compared], False
     want_grad, got = expected.grads[0][0].cpu(), actual.grads[0][0]
     if got is None or got.shape != want_grad.shape or not torch.allclose(got.cpu().to(want_grad.dtype), want_grad):
-        return "wrong gradient for `x`", [*shown, f"expected {show(want_grad)}", f"actual   {show(got)}"], False
+        compared = explain.differ(want_grad, got, rtol=1e-5, atol=1e-8) if got is not None else [
+            f"expected {show(want_grad)}", "actual   None"]
+        return "wrong gradient for `x`", [*shown, *compared], False
     return None
 
 
@@ -446,7 +448,7 @@ def _check_ties_once(student, args: tuple, generator: torch.Generator) -> None:
     if got.shape == want.shape and torch.allclose(got, want):
         return
     fail(
-        "Max: wrong gradient for `x` at a tie.", *shown, f"expected {show(want)}", f"actual   {show(got)}",
+        "Max: wrong gradient for `x` at a tie.", *shown, *explain.differ(want, got, rtol=1e-5, atol=1e-8),
         cause=_known_mistake(got, _tie_mistakes(x.detach().cpu(), dim, keepdim, grad_output.cpu()))
         or "at a tie of k entries, each tied entry gets grad_output / k and the other entries get 0.",
     )

@@ -17,7 +17,7 @@ from ..checks.functions import FunctionSpec, check_function
 from ..checks.saved import KEPT, STASHED, check_backward_left_alone, check_nothing_kept, observe
 from ..checks.shared_state import process_wide
 from ..student import devices, introspect, memory, probe
-from ..student.report import fail, note, passed, quiet, show
+from ..student.report import fail, note, passed, quiet, show, value
 from ..student.saved import Names, Recording, Saved, describe
 
 Needs = tuple[bool, ...]  # per argument of the call: a tensor that requires grad
@@ -148,8 +148,9 @@ def _check_at_special_points(student: Any, name: str, reference: Callable[..., t
     got = outputs[0] if outputs else None
     if got is None or got.shape != want_out.shape or not torch.allclose(got.cpu(), want_out.detach(), rtol=1e-6,
                                                                         atol=1e-9):
-        fail(f"{name}: wrong output at the special points.", *shown, f"expected {show(want_out)}",
-             f"actual   {show(got)}",
+        fail(f"{name}: wrong output at the special points.", *shown,
+             *(explain.differ(want_out.detach(), got.cpu(), rtol=1e-6, atol=1e-9) if got is not None and
+               got.shape == want_out.shape else [f"expected {show(want_out)}", f"actual   {show(got)}"]),
              cause="the formula must hold exactly at 0 and for any magnitude: pick between the two linear pieces "
              "(torch.where, a mask), rather than blend them with a function that rounds, overflows or flips sign.")
     if gradient:
@@ -159,7 +160,9 @@ def _check_at_special_points(student: Any, name: str, reference: Callable[..., t
         if grad is None or grad.shape != want.shape or not torch.allclose(grad.cpu()[defined], want[defined],
                                                                            rtol=1e-6, atol=1e-9):
             fail(f"{name}: wrong gradient at the special points (x = 0 excepted, a kink).", *shown,
-                 f"expected {show(want)}", f"actual   {show(grad)}",
+                 *(explain.differ(want.where(defined, 0), grad.cpu().where(defined, 0), rtol=1e-6, atol=1e-9)
+                   if grad is not None and grad.shape == want.shape else
+                   [f"expected {show(want)}", f"actual   {show(grad)}"]),
                  cause="the derivative is 1 where x > 0 and negative_slope where x < 0, whatever |x|.")
     passed(f"{name}: {special}: {'output and gradient' if gradient else 'output'} as expected.")
 
@@ -228,7 +231,7 @@ def check_leaky_relu(student: Any, *, shapes: Sequence[Sequence[int]] = ((2, 3),
     passed(f"LeakyReLU saves {recording.nbytes} bytes for x of shape {tuple(x.shape)} ({_dtype(x)}: "
            f"{memory.nbytes(x)} bytes), within its budget of one byte per element; nothing on ctx nor anywhere else "
            f"after forward or backward (also for an x that is not contiguous in memory).")
-    special = inputs.including(inputs.uniform((2, 4), generator), LEAKY_SPECIAL)
+    special = inputs.including(inputs.uniform((2, 4), generator), LEAKY_SPECIAL, generator)
     _check_at_special_points(student, "LeakyReLU", F.leaky_relu, (special, float(slopes[0])), ("x", "negative_slope"),
                              "x holds 0 and -0 exactly, ±1e-8 and ±1e300", gradient=True)
     check_function(student, replace(LEAKY_RELU, cases=cases), seed=seed)
@@ -355,18 +358,19 @@ def check_linear_relu(student: Any, *, shapes: Sequence[Sequence[int]] = ((4, 3,
         "for inputs that are not contiguous in memory); no matmul recomputed in backward."
     )
     _check_at_special_points(student, "LinearReLU", _linear_relu, _linear_special(generator), LINEAR_NAMES,
-                             "z = x @ weight.T + bias is exactly 0 at [0, 0], and about ±1e150 in row 1",
+                             "z = x @ weight.T + bias is exactly 0 in one entry, and about ±1e150 in one row",
                              gradient=False)
     check_function(student, replace(LINEAR_RELU, cases=cases), seed=seed)
 
 
 def _linear_special(generator: torch.Generator) -> tuple:
-    """(x, weight, bias) where z is exactly 0 in one entry (x's row 0 and bias[0] are 0: ReLU's
-    kink) and huge in row 1."""
+    """(x, weight, bias) where z is exactly 0 in one entry (a row of x and an entry of bias are 0:
+    ReLU's kink) and huge in another row (rows drawn at random)."""
     x, weight, bias = inputs.normal((3, 4), generator), inputs.normal((2, 4), generator), inputs.normal((2,), generator)
-    x[0] = 0.0
-    x[1] *= 1e150
-    return x, weight, inputs.including(bias, [0.0])
+    zero, huge = torch.randperm(3, generator=generator)[:2].tolist()
+    x[zero] = 0.0
+    x[huge] *= 1e150
+    return x, weight, inputs.including(bias, [0.0], generator)
 
 
 def _check_linear_grads(student: Any, call: tuple, needs: Needs) -> None:
@@ -389,7 +393,8 @@ def _check_linear_grads(student: Any, call: tuple, needs: Needs) -> None:
         if got is None or got.shape != want.shape or not torch.allclose(got.cpu(), want.cpu(), rtol=1e-6, atol=1e-9):
             fail(
                 f"LinearReLU: wrong gradient for `{name}` when only {', '.join(wanted)} require grad.", *shown,
-                f"expected {show(want)}", f"actual   {show(got)}",
+                *(explain.differ(want.cpu(), got.cpu(), rtol=1e-6, atol=1e-9) if got is not None and
+                  got.shape == want.shape else [f"expected {show(want)}", f"actual   {show(got)}"]),
                 cause="with fewer tensors saved, each gradient must still come from the right ones: "
                 "grad_x = gm @ weight, grad_weight = gmᵀ @ x, grad_bias = gm.sum(0), where gm = grad_output * mask.",
             )
@@ -741,7 +746,7 @@ def _check_hooks_once(hooks: Any, args: tuple, scale: float, totals: list[int]) 
     shown = [
         "the graph: h = tanh(x @ w1 + b1).masked_fill(~keep, 0); loss = ((h @ w2).gather(1, index) ** 2).sum()",
         f"x: {_dtype(x)} {tuple(x.shape)} (no grad); w1, b1, w2: parameters; index: int64 {tuple(index.shape)}"
-        + ("" if meta else f" (largest {index.max().item()})") + f"; on {x.device.type}"
+        + ("" if meta else f" (largest {value(index.max().item(), 'd')})") + f"; on {x.device.type}"
         + (f"; w2 scaled by {scale:g}" if scale != 1 else ""),
     ]
     if error is not None and error.stage == "create":

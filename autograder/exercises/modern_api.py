@@ -28,7 +28,7 @@ from torch.autograd.gradcheck import GradcheckError
 
 from ..checks import explain, inputs
 from ..checks import saved as saved_checks
-from ..checks.functions import FunctionSpec, check_function
+from ..checks.functions import KEEP_DTYPE, FunctionSpec, check_function
 from ..checks.shared_state import process_wide
 from ..student import devices, probe
 from ..student import modern_api as student_side
@@ -78,7 +78,7 @@ def _not_finite(expected: torch.Tensor, actual: torch.Tensor) -> str | None:
     broken = ~torch.isfinite(actual) & torch.isfinite(expected)
     if not bool(broken.any()):
         return None
-    index = tuple(int(i) for i in broken.nonzero()[0])
+    index = explain.first_index(broken)
     return (f"the value at index {index} is {actual[index].item()} where the right one is finite: a formula that "
             "divides by zero or overflows at that input (look at it: a 0, or a large value), though the function is "
             "smooth there. Write it so that it stays finite (e.g. with torch.sigmoid rather than exp(−z), and no "
@@ -96,8 +96,7 @@ def _compare(label: str, actual: torch.Tensor | None, expected: torch.Tensor, sh
         fail(f"{label}: shape {shape(actual)}, expected {shape(expected)}.", *shown, cause=cause)
     if not _close(actual, expected, rtol, atol):
         a, e = actual.detach().cpu().to(expected.dtype), expected.detach().cpu()
-        fail(f"{label}: wrong values.", *shown, f"expected {show(e)}", f"actual   {show(a)}",
-             explain.mismatch(e, a, rtol=rtol, atol=atol), cause=cause)
+        fail(f"{label}: wrong values.", *shown, *explain.differ(e, a, rtol=rtol, atol=atol), cause=cause)
 
 
 # --- Reading the errors that transforms raise -------------------------------------------------
@@ -466,7 +465,40 @@ def check_forward_ad(student: Any, name: str, reference: Reference, cases: Seque
                 want = _reference_hessian(reference, args, first, weights)
                 _compare(f"{name}: torch.func.hessian with respect to `{names[first]}`", found["hessian"], want,
                          shown + [f"weights = {show(weights[0])}"])
-            _forward_gradcheck(student, name, args, arg_names, generator, facts)
+            _forward_gradcheck(student, name, args, arg_names, generator, facts, outs)
+    _forward_ad_in_float32(student, name, reference, cases[0], arg_names, generator, facts)
+
+
+def _forward_ad_in_float32(student: Any, name: str, reference: Reference, case: tuple, arg_names: Sequence[str],
+                           generator: torch.Generator, facts: dict) -> None:
+    """Given float32 inputs and tangents, the output tangents are float32, no step of the jvp
+    makes a float64 tensor (as the student's process reports it), and they are the
+    reference's in float32 (to float32's precision)."""
+    __tracebackhide__ = True
+    args = tuple(a.detach().float() if probe.differentiable(a) else a for a in case)
+    tangents = [_like(a, generator) if probe.differentiable(a) else None for a in args]
+    shown = _shown(arg_names, args)
+    with quiet():
+        found = probe.invoke(student_side.forward_ad, student, args, [tangents], None, False, True)
+    runs = found.get("runs") if isinstance(found, dict) else None
+    if not isinstance(runs, list) or len(runs) != 1 or not isinstance(runs[0], dict):
+        raise probe.Malformed("malformed forward-AD report")
+    error = _error_of(runs[0].get("error"))
+    if error is not None:
+        _fail_error(f"forward AD of {name} on float32 inputs", error, shown, facts)
+    got, want = _tensor_list(runs[0].get("tangents"), "tangents"), _reference_jvp(reference, args, tangents)
+    for g, w in zip(got, want):
+        if isinstance(g, torch.Tensor) and g.dtype != w.dtype:
+            fail(f"{name}: given float32 inputs and tangents, jvp returned a {g.dtype} tangent, expected {w.dtype}.",
+                 *shown, cause=KEEP_DTYPE)
+    widened = runs[0].get("widened")
+    if widened:
+        fail(f"{name}: given float32 inputs and tangents, your jvp computes in float64: {str(widened)[:200]} (as your "
+             "process reports it).", *shown, cause=KEEP_DTYPE)
+    for g, w in zip(got, want):
+        scale = 1 + float(w.abs().amax()) if w.numel() else 1
+        _compare(f"{name}: forward AD on float32 inputs", g, w, shown, rtol=1e-3, atol=1e-4 * scale,
+                 cause="a step that loses float32's precision, or a tangent computed from something else.")
 
 
 def _reference_hessian(reference: Reference, args: Sequence[Any], first: int,
@@ -480,10 +512,11 @@ def _reference_hessian(reference: Reference, args: Sequence[Any], first: int,
 
 
 def _forward_gradcheck(student: Any, name: str, args: tuple, arg_names: Sequence[str], generator: torch.Generator,
-                       facts: dict, eps: float = 1e-6) -> None:
+                       facts: dict, like: list[torch.Tensor], eps: float = 1e-6) -> None:
     """gradcheck(check_forward_ad=True): the student's tangents against finite differences
     of the student's own forward. torch's gradcheck for a local object; for one in another
-    process, central differences along random directions, computed here."""
+    process, central differences along random directions, computed here (of forward values
+    of the shapes of the reference's outputs `like`, or the check fails before computing)."""
     __tracebackhide__ = True
     shown = _shown(arg_names, args)
     slots = student_side.slots_of(args)
@@ -517,13 +550,19 @@ def _forward_gradcheck(student: Any, name: str, args: tuple, arg_names: Sequence
     if error is not None:
         _fail_error(f"forward AD of {name}", error, shown, facts)
     plus, minus = results
+    want = [tuple(o.shape) for o in like]
     for p, m, t in zip(plus, minus, _tensor_list(run["tangents"], "tangents")):
+        if tuple(p.shape) not in want or p.shape != m.shape:
+            fail(f"{name}: at points a tiny step away from the input (finite differences), forward returned shapes "
+                 f"{tuple(p.shape)[:8]} and {tuple(m.shape)[:8]}, where the reference returns {want[:4]}.", *shown,
+                 cause="forward's output must have the same shape for every value of its input.")
         numeric = ((p - m) / (2 * eps)).cpu()
         if t is None or t.shape != numeric.shape or not torch.allclose(t.cpu().to(numeric.dtype), numeric, rtol=1e-3,
                                                                        atol=1e-5):
+            compared = explain.differ(numeric, t.cpu().to(numeric.dtype), rtol=1e-3, atol=1e-5) if isinstance(
+                t, torch.Tensor) and t.shape == numeric.shape else [f"forward AD gave {show(t)}"]
             fail(f"{name}: the output tangent of forward AD disagrees with finite differences of your own forward "
-                 "(along a random direction).", *shown, f"finite differences {show(numeric)}",
-                 f"forward AD         {show(t)}",
+                 "(along a random direction; expected: the finite differences).", *shown, *compared,
                  cause="jvp must be the derivative of forward, linear in the tangents.")
 
 
@@ -692,8 +731,8 @@ def _clipped_relu(x: torch.Tensor, clip: float) -> torch.Tensor:
 
 def _clip_cases(specs: Sequence[ClipCase]):
     def cases(generator: torch.Generator) -> list[tuple]:
-        return [(inputs.including(inputs.uniform(shape_, generator, -1.0, clip + 1.0, kinks=(0.0, clip)), FAR), clip)
-                for shape_, clip in specs]
+        return [(inputs.including(inputs.uniform(shape_, generator, -1.0, clip + 1.0, kinks=(0.0, clip)), FAR,
+                                  generator), clip) for shape_, clip in specs]
 
     return cases
 
@@ -744,9 +783,11 @@ def _check_clip_kinks(student: Any, specs: Sequence[ClipCase], generator: torch.
     finite differences straddle it.)"""
     __tracebackhide__ = True
     for _, clip in specs:
-        x = torch.tensor([0.0, float(clip)], dtype=torch.float64, requires_grad=True)
-        g = 0.5 + torch.rand(2, generator=generator, dtype=torch.float64)  # positive: the slope is grad / g
-        shown = [f"x = {show(x)} (exactly at the kinks)", f"clip = {clip!r}", f"grad_output = {show(g)}"]
+        # Both kinks, at random places among values away from them (a slope in [0, 1] everywhere).
+        x = inputs.including(inputs.uniform((5,), generator, -1.0, clip + 1.0, kinks=(0.0, clip)), [0.0, float(clip)],
+                             generator).requires_grad_()
+        g = 0.5 + torch.rand(5, generator=generator, dtype=torch.float64)  # positive: the slope is grad / g
+        shown = [f"x = {show(x)} (0 and clip among them)", f"clip = {clip!r}", f"grad_output = {show(g)}"]
         with quiet():
             found = probe.run(student, (x, clip), [[g]])
         if found.error is not None:
@@ -755,10 +796,15 @@ def _check_clip_kinks(student: Any, specs: Sequence[ClipCase], generator: torch.
                  _clipped_relu(x.detach(), clip), shown)
         grad = found.grads[0][0] if found.grads and found.grads[0] else None
         slope = None if grad is None else grad.detach().cpu() / g
-        if slope is None or slope.shape != g.shape or not bool(torch.isfinite(slope).all()) or \
-                bool(((slope < 0) | (slope > 1)).any()):
-            fail(f"ClippedReLU: backward at the kinks gives {'no gradient' if grad is None else show(grad)}.", *shown,
-                 cause=KINK_CAUSE)
+        if slope is None:
+            fail("ClippedReLU: backward at the kinks gives no gradient.", *shown, cause=KINK_CAUSE)
+        bad = ~torch.isfinite(slope) | (slope < 0) | (slope > 1)
+        if bool(bad.any()):
+            (k,) = explain.first_index(bad)
+            point = float(x.detach()[k])
+            where = f"x = {point:g}" if point in (0.0, float(clip)) else f"entry {k} of x"
+            fail(f"ClippedReLU: backward at the kinks gives {float(grad[k]):.6g} at {where}, grad_output times "
+                 f"{float(slope[k]):.4g}.", *shown, f"gradient {show(grad)}", cause=KINK_CAUSE)
 
 
 def check_clipped_relu(student: Any, *, cases: Sequence[ClipCase] = CLIP_CASES, seed: int | None = 0) -> None:
@@ -863,7 +909,7 @@ def _swish(x: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
 
 def _swish_cases(specs: Sequence[SwishCase]):
     def cases(generator: torch.Generator) -> list[tuple]:
-        return [(inputs.including(inputs.uniform(xs, generator, -3.0, 3.0), SWISH_SPECIAL),
+        return [(inputs.including(inputs.uniform(xs, generator, -3.0, 3.0), SWISH_SPECIAL, generator),
                  inputs.uniform(bs, generator, 0.2, 2.0)) for xs, bs in specs]
 
     return cases
@@ -895,6 +941,7 @@ def check_swish_jvp(student: Any, *, cases: Sequence[SwishCase] = SWISH_CASES, s
     check_forward_ad(student, "Swish", _swish, drawn, ("x", "beta"), generator, hint=_swish_hint)
     passed(f"Swish in forward mode: dual tensors (tangents for x, beta and both), jacfwd, hessian and "
            f"gradcheck(check_forward_ad=True) agree ({len(drawn)} inputs, float64, x = 0 and ±10⁴ among them); "
+           "on float32 inputs the tangent is float32, with no float64 step (as your process reports it); "
            "what backward reads is saved, nothing kept on ctx or elsewhere.")
 
 
@@ -914,7 +961,7 @@ def _lse(x: torch.Tensor) -> torch.Tensor:
 
 def _op_cases(specs: Sequence[OpCase]):
     def cases(generator: torch.Generator) -> list[tuple]:
-        return [(inputs.including(2 * inputs.normal(s, generator) + offset, LARGE),) for s, offset in specs]
+        return [(inputs.including(2 * inputs.normal(s, generator) + offset, LARGE, generator),) for s, offset in specs]
 
     return cases
 
@@ -974,7 +1021,7 @@ def _softmax(x: torch.Tensor) -> torch.Tensor:
 
 def _softmax_cases(shapes: Sequence[Shape]):
     def cases(generator: torch.Generator) -> list[tuple]:
-        return [(inputs.including(2 * inputs.normal(s, generator), LARGE),) for s in shapes]
+        return [(inputs.including(2 * inputs.normal(s, generator), LARGE, generator),) for s in shapes]
 
     return cases
 
@@ -987,7 +1034,7 @@ def _softmax_vmap_cases(specs: Sequence[SoftmaxVmapSpec], generator: torch.Gener
     for sample_shape, dims, sizes in specs:
         case = vmap_case((torch.empty(tuple(sample_shape), dtype=torch.float64),), [(d,) for d in dims], sizes,
                          generator)
-        found.append(VmapCase((inputs.including(case.args[0], LARGE),), case.levels))
+        found.append(VmapCase((inputs.including(case.args[0], LARGE, generator),), case.levels))
     return found
 
 

@@ -12,7 +12,7 @@ from ..checks import explain, inputs
 from ..checks.functions import FunctionSpec, check_function, check_returned_shapes, on_meta
 from ..checks.saved import SaveRule, check_saved, observe
 from ..student import devices, probe, real_world
-from ..student.report import fail, note, passed, quiet, show
+from ..student.report import fail, note, passed, quiet, show, value
 from ..student.saved import Names
 
 Shape = Sequence[int]
@@ -80,13 +80,13 @@ def _swish_cases(specs: Sequence[SwishCase]) -> Cases:
         found = []
         for x_shape, beta_shape, kind in specs:
             if kind == "large":
-                x = inputs.including(inputs.uniform(x_shape, generator, -50.0, 50.0), [0.0, 50.0, -50.0])
+                x = inputs.including(inputs.uniform(x_shape, generator, -50.0, 50.0), [0.0, 50.0, -50.0], generator)
                 beta = inputs.uniform(beta_shape, generator, 15.0, 20.0)
             else:
-                x = inputs.including(inputs.uniform(x_shape, generator, -3.0, 3.0), [0.0])
+                x = inputs.including(inputs.uniform(x_shape, generator, -3.0, 3.0), [0.0], generator)
                 beta = inputs.uniform(beta_shape, generator, -2.0, 2.0, kinks=[0.0], margin=0.2)
                 if beta.numel() > 1:  # Swish is x/2 at beta = 0, where a formula that divides by beta is nan
-                    beta = inputs.including(beta, [0.0, -1.5])
+                    beta = inputs.including(beta, [0.0, -1.5], generator)
             found.append((x, beta))
         return found
 
@@ -106,7 +106,7 @@ def _swish_hint(args: tuple, i: int, wrong: torch.Tensor) -> str:
             "times that over the dims beta was broadcast along, down to beta's shape (`.sum_to_size`)."
         )
     if bool((z[where].abs() > 30).any()):
-        formula += (f" Here |βx| reaches {float(z.abs().max()):.0f}: exp(±βx) overflows to inf there "
+        formula += (f" Here |βx| reaches {value(float(z.abs().max()), '.0f')}: exp(±βx) overflows to inf there "
                     "(inf / inf = nan), so compute σ with torch.sigmoid and its derivative as s·(1 − s).")
     if bool((x.expand(x.shape)[where] == 0).any()):
         formula += " x is exactly 0 at some entries: a formula that divides by x gives nan there."
@@ -337,8 +337,9 @@ def _reverse_once(student: Any, args: tuple, g: torch.Tensor, u: torch.Tensor, n
         if out.shape == x.shape and out.dtype == x.dtype and torch.allclose(out.cpu(), -alpha * x.detach().cpu()):
             cause = ("forward multiplies x by −α, but the reversal belongs in backward only: forward returns x's "
                      "values unchanged (`x.view_as(x)` or `x.clone()`).")
-        fail("GradReverse: forward changed the values of x.", *shown[:2], f"expected {show(x)}",
-             f"actual   {show(out)}", cause=cause)
+        fail("GradReverse: forward changed the values of x.", *shown[:2],
+             *(explain.differ(x.detach().cpu(), out.cpu()) if out.shape == x.shape and out.dtype == x.dtype else
+               [f"actual {show(out)}"]), cause=cause)
     if result.modified:
         fail("GradReverse: forward modified x in place.", *shown[:2],
              cause="return a new tensor (or a view, `x.view_as(x)`); never change the caller's x.")
@@ -352,8 +353,9 @@ def _reverse_once(student: Any, args: tuple, g: torch.Tensor, u: torch.Tensor, n
              cause="return −α·grad_output for x (and None for alpha, which is not a tensor).")
     grad = grad.to(want.device)
     if not (grad.shape == want.shape and torch.allclose(grad, want, rtol=1e-12, atol=1e-12)):
-        fail("GradReverse: wrong gradient for x.", *shown, f"expected {show(want)}", f"actual   {show(grad)}",
-             cause=_reverse_cause(grad, g, alpha))
+        fail("GradReverse: wrong gradient for x.", *shown,
+             *(explain.differ(want, grad, rtol=1e-12, atol=1e-12) if grad.shape == want.shape else
+               [f"expected {show(want)}", f"actual   {show(grad)}"]), cause=_reverse_cause(grad, g, alpha))
     if result.error is not None:
         what, cause = explain.error(result.error.stage, result.error.type, result.error.message, names)
         fail(f"GradReverse: {what}.", *shown,
@@ -605,7 +607,7 @@ def _loss_cause(loss0: float, expected: float, logits0: torch.Tensor, y: torch.T
         "the logit of the right class is missing: subtract each row's logit of its own class (`gather` along dim 1).":
             float(torch.logsumexp(logits0, 1).mean()),
     }
-    for cause, value in candidates.items():
-        if math.isclose(loss0, value, rel_tol=1e-4, abs_tol=1e-5):
+    for cause, candidate in candidates.items():
+        if math.isclose(loss0, candidate, rel_tol=1e-4, abs_tol=1e-5):
             return cause
     return "loss(x, y) = mean over i of LogSumExp(logits_i over the classes) − logits_i[y_i], with logits = self(x)."

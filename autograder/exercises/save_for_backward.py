@@ -17,8 +17,9 @@ Cases = Callable[[torch.Generator], list[tuple]]
 
 
 def _normal_cases(shapes: Sequence[Sequence[int]], *special: torch.Tensor) -> Cases:
-    """One standard-normal x per shape, then the `special` points as they are."""
-    return lambda generator: [(inputs.normal(s, generator),) for s in shapes] + [(x.clone(),) for x in special]
+    """One standard-normal x per shape, then the `special` points among random values."""
+    return lambda generator: [(inputs.normal(s, generator),) for s in shapes] + [(inputs.among(x, generator),)
+                                                                                  for x in special]
 
 
 def _saves_exactly(student: Any, rule: SaveRule, cases: Cases, seed: int | None, copy: bool = False) -> Recording:
@@ -41,12 +42,15 @@ def _bytes(recording: Recording) -> str:
 
 # --- Shared by the checks of notebooks 06 and 07 --------------------------------------------
 
-def check_finite(student: Any, name: str, reference: Callable, x: torch.Tensor, cause: str) -> None:
-    """At special points `x` (exactly 0, large magnitudes), the student's outputs and
-    gradients (grad_output of ones) must be finite wherever the reference's are: a formula
-    that overflows, or divides 0 by 0, is wrong there although it is right elsewhere.
-    (The values themselves are then compared by check_function, which gets `x` as a case.)"""
+def check_finite(student: Any, name: str, reference: Callable, special: torch.Tensor, cause: str,
+                 generator: torch.Generator) -> None:
+    """At the `special` points (exactly 0, large magnitudes; among random values, at random
+    places), the student's outputs and gradients (grad_output of ones) must be finite
+    wherever the reference's are: a formula that overflows, or divides 0 by 0, is wrong there
+    although it is right elsewhere. (The values themselves are then compared by
+    check_function, which gets special points as a case.)"""
     __tracebackhide__ = True
+    x = inputs.among(special, generator)
     (ref_x,) = devices.prepare((x,), "cpu")
     ones = [torch.ones_like(o) for o in probe.outputs_of(reference(ref_x.detach())) if o.is_floating_point()]
     expected = probe.run(reference, (ref_x,), [ones])
@@ -58,20 +62,20 @@ def check_finite(student: Any, name: str, reference: Callable, x: torch.Tensor, 
              for k, (w, g) in enumerate(zip(expected.outputs, actual.outputs))]
     if actual.grads:
         pairs += [("gradient (grad_output of ones)", w, g) for w, g in zip(expected.grads[0], actual.grads[0])]
+    points = [float(v) for v in special.tolist()]
     for what, want, got in pairs:
         if got is None or want is None or got.shape != want.shape or not got.is_floating_point():
             continue
         bad = torch.isfinite(want.cpu()) & ~torch.isfinite(got.detach().cpu())
         if bool(bad.any()):
-            k = int(bad.reshape(-1).nonzero()[0])
+            (k,) = explain.first_index(bad.reshape(-1))
             point, value, right = x.reshape(-1)[k].item(), got.reshape(-1)[k].item(), want.reshape(-1)[k].item()
-            fail(
-                f"{name}: the {what} is {value} at x = {point:g}, where it is {right:.6g}.",
-                f"x = {show(x)}",
-                cause=cause,
-            )
-    points = ", ".join(f"{v:g}" for v in x.tolist())
-    passed(f"{name}: values and gradients are finite at x = {points}, where the reference's are.")
+            # A special point is the course's, the same in every draw; the values around it are the draw's.
+            where = f"x = {point:g}" if point in points else f"entry {k} of x"
+            fail(f"{name}: the {what} is {value} at {where}, where it is {right:.6g}.", f"x = {show(x)}",
+                 cause=cause)
+    passed(f"{name}: values and gradients are finite at x = {', '.join(f'{v:g}' for v in points)}, where the "
+           "reference's are.")
 
 
 def check_outputs(
@@ -326,7 +330,7 @@ def check_sigmoid(student: Any, *, shapes: Sequence[Sequence[int]] = ((5,), (2, 
     __tracebackhide__ = True
     recording = _saves_exactly(student, SIGMOID_SAVES, _normal_cases(shapes), seed)
     passed(f"Sigmoid saves exactly its output ({_bytes(recording)}), nothing on ctx.")
-    check_finite(student, "Sigmoid", torch.sigmoid, SIGMOID_SPECIAL, SIGMOID_OVERFLOW)
+    check_finite(student, "Sigmoid", torch.sigmoid, SIGMOID_SPECIAL, SIGMOID_OVERFLOW, inputs.generator(seed))
     check_function(student, replace(SIGMOID, cases=_normal_cases(shapes, SIGMOID_SPECIAL)), seed=seed)
 
 
@@ -371,7 +375,7 @@ def check_tanh_(student: type[torch.autograd.Function], *, shapes: Sequence[Sequ
     passed("Tanh_ modifies its input in place, returns it, and declares it with ctx.mark_dirty.")
     recording = _saves_exactly(student, TANH_SAVES, cases, seed, copy=True)
     passed(f"Tanh_ saves exactly its output, the input's own memory ({_bytes(recording)}).")
-    check_finite(_OnAClone(student), "Tanh_", torch.tanh, TANH_SPECIAL, TANH_OVERFLOW)
+    check_finite(_OnAClone(student), "Tanh_", torch.tanh, TANH_SPECIAL, TANH_OVERFLOW, inputs.generator(seed))
     check_function(_OnAClone(student), replace(TANH, cases=_normal_cases(shapes, TANH_SPECIAL)), seed=seed)
 
 

@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from ..checks import inputs
+from ..checks import explain, inputs
 from ..student import probe, tape
 from ..student.report import fail, passed, quiet, shape, show
 
@@ -253,7 +253,7 @@ def _same(label: str, what: str, got: torch.Tensor | None, want: torch.Tensor, c
              cause="a gradient has the shape of the value it is the gradient of"
              + (" (the backward of sum is expand, and of expand is sum)." if got.dim() != want.dim() else "."))
     if not torch.equal(got, want) and not torch.allclose(got, want, rtol=RTOL, atol=ATOL):
-        fail(f"{label}: {what} is wrong.", *context, f"expected {show(want)}", f"actual   {show(got)}",
+        fail(f"{label}: {what} is wrong.", *context, *explain.differ(want, got, rtol=RTOL, atol=ATOL),
              cause=_cause(cause))
 
 
@@ -404,9 +404,14 @@ class Graph:
         return f"`{', '.join(self.names[k] for k in outs)} = {op}({', '.join(self.names[k] for k in ins)})`"
 
 
+RECORDED = 1_000_000  # numbers of a recording's structure turned into a list, at most (36 MB of them)
+
+
 def _int64s(t: Any) -> list[int]:
     if type(t) is not torch.Tensor or t.dtype != torch.int64 or t.dim() != 1:
         raise TypeError("structure")
+    if t.numel() > RECORDED:
+        raise ValueError(f"a structure of more than {RECORDED} numbers")
     return t.tolist()
 
 

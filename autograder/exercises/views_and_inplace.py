@@ -227,7 +227,7 @@ def check_softmax_(student: type[torch.autograd.Function], *, views: Sequence[Vi
     __tracebackhide__ = True
     generator = inputs.generator(seed)
     for device in devices.available():
-        _check_plain(student, inputs.including(inputs.normal(PLAIN.shape, generator), LARGE).to(device))
+        _check_plain(student, inputs.including(inputs.normal(PLAIN.shape, generator), LARGE, generator).to(device))
     passed("Softmax_ writes softmax into x's own memory (finite at |x| = 800 and 1000) and tells autograd "
            "(ctx.mark_dirty): a tensor saved from x before the call fails the version check afterwards.")
     _check_refused(student, inputs.normal(LEAF_VIEW.shape, generator), inputs.normal(EXPANDED.shape, generator))
@@ -431,7 +431,7 @@ def _mistake(data: dict[str, Any], steps: int, losses: list, after: list) -> str
     for m in MISTAKES:
         want_losses, want_after = _mistaken_steps(data, steps, m)
         same = all(isinstance(a, float) and abs(a - b) <= 1e-9 * max(1.0, abs(b)) for a, b in zip(losses, want_losses))
-        if same and all(torch.allclose(g, w, rtol=1e-7, atol=1e-10) for gs, ws in zip(after, want_after)
-                        for g, w in zip(gs, ws)):
+        if same and all(g.shape == w.shape and torch.allclose(g, w, rtol=1e-7, atol=1e-10)
+                        for gs, ws in zip(after, want_after) for g, w in zip(gs, ws)):
             return m.cause
     return None

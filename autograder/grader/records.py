@@ -61,6 +61,8 @@ class Verdict:
     outputs: list[dict[str, Any]]  # nbformat outputs: what the checks printed, then the failure or the result
     seed: int | None = None  # what its checks' inputs were drawn from (inputs.seeded), to replay it
     flags: list[str] = field(default_factory=list)  # what its checks saw that a person should look at
+    # A hidden test cell's outputs with every value shown (Judge.reveal: for the instructor only, never written)
+    revealed: list[dict[str, Any]] | None = None
 
     @property
     def report(self) -> str:

@@ -1,5 +1,7 @@
 """`autograder replay`: judge one test cell of one submission again, with the seeds its
-recorded verdict was drawn from, and say whether the verdict is the same.
+recorded verdict was drawn from, and say whether the verdict is the same. A hidden test
+cell, whose messages showed the student no values, is judged once more with every value
+shown (its inputs included), for the instructor.
 
 The student's notebook runs as when it was graded (sandboxed, in a fresh child of a warm
 worker) up to that cell; the test cells before it are judged too, as they were, for they
@@ -39,6 +41,7 @@ class Replayed:
     recorded_score: float | None
     seeds: str  # where the seeds came from
     failure: str | None  # why the notebook stopped before the cell, if it did
+    revealed: list[dict[str, Any]] | None = None  # a hidden cell's outputs with its inputs shown (never the student's)
 
     @property
     def same(self) -> bool:
@@ -115,14 +118,15 @@ def replay(options: Options, assignment: str, student: str, grade_id: str,
                   if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id and is_test_cell(cell)), None)
     if index is None:
         raise GradingError(f"'{grade_id}' is not a test cell of {notebook}")
-    judge = Judge.of(prepared.nb.cells[: index + 1], lambda g: int(seeds[g]) if g in seeds else seed(g))
+    judge = Judge.of(prepared.nb.cells[: index + 1], lambda g: int(seeds[g]) if g in seeds else seed(g), reveal=index)
     program = Program([c for c in prepared.code_cells() if c[0] <= index], submission.files(coursedir.ignore), judge)
     phase(f"starting a sandboxed worker, running {notebook} up to {grade_id} and judging it ...")
     run = _run(options, program)
     verdict = run.verdicts.get(index)
     cell = run.cells.get(index)
     return Replayed(grade_id, cell.outputs if cell else [], verdict.score if verdict else None,
-                    *_recorded(recorded, coursedir, assignment, student, notebook, grade_id), where, run.failure)
+                    *_recorded(recorded, coursedir, assignment, student, notebook, grade_id), where, run.failure,
+                    verdict.revealed if verdict else None)
 
 
 def _notebook_of(coursedir: CourseDirectory, assignment: str, grade_id: str) -> str:

@@ -29,7 +29,7 @@ from nbgrader.utils import get_partial_grade
 from ..checks import evidence, inputs
 from ..checks.remote import Remote, RemoteError, Transport
 from ..checks.shared_state import process_wide
-from ..student import probe
+from ..student import probe, report
 from ..student.serve import resolve
 from . import syntax
 from .records import Verdict, cut, is_test_cell
@@ -87,22 +87,30 @@ def run_cell(source: str, names: dict[str, Any]) -> Any:
     return eval(syntax.compiled(ast.Expression(last.value), "<test cell>", "eval"), context, names)
 
 
+def is_hidden(cell: Any) -> bool:
+    """A test cell with hidden tests: its messages show no values (`report.hidden`)."""
+    return report.HIDDEN_TESTS in str(cell.get("source", ""))
+
+
 class Judge:
     """The trusted verdicts of one notebook, each taken right after its test cell ran in the
     student's process (so it sees the student's names as that cell did, and a process that
     dies later cannot take back what was judged). The test cells share their own names, as
     in the notebook. `cells` must come from the instructor's source, not the submission."""
 
-    def __init__(self, tests: dict[int, Any], seeds: dict[int, int]) -> None:
-        """`tests`: the test cells by index in the notebook; `seeds`: their checks' seeds."""
-        self.tests, self.seeds = tests, seeds
+    def __init__(self, tests: dict[int, Any], seeds: dict[int, int], reveal: int | None = None) -> None:
+        """`tests`: the test cells by index in the notebook; `seeds`: their checks' seeds;
+        `reveal`: a hidden test cell judged a second time with every value shown, for the
+        instructor (`Verdict.revealed`; `autograder replay`)."""
+        self.tests, self.seeds, self.reveal = tests, seeds, reveal
         self.names: StudentNames | None = None
 
     @classmethod
-    def of(cls, cells: list[Any], seed: Callable[[str], int]) -> Judge:
+    def of(cls, cells: list[Any], seed: Callable[[str], int], reveal: int | None = None) -> Judge:
         """The judge of a notebook's `cells`; `seed(grade_id)` is a test cell's seed (`inputs.cell_seed`)."""
         tests = {index: cell for index, cell in enumerate(cells) if is_test_cell(cell)}
-        return cls(tests, {index: seed(cell["metadata"]["nbgrader"]["grade_id"]) for index, cell in tests.items()})
+        return cls(tests, {index: seed(cell["metadata"]["nbgrader"]["grade_id"]) for index, cell in tests.items()},
+                   reveal)
 
     def judges(self, index: int) -> bool:
         return index in self.tests
@@ -113,12 +121,19 @@ class Judge:
             self.names = StudentNames(transport)
         self.names.transport = transport
         self.names.forget()
-        meta = self.tests[index]["metadata"]["nbgrader"]
+        cell = self.tests[index]
+        meta, hidden = cell["metadata"]["nbgrader"], is_hidden(cell)
         graded = bool(meta.get("grade"))
-        with warmth.judging(), inputs.seeded(self.seeds[index]):
-            found = verdict(meta["grade_id"], self.tests[index]["source"], meta.get("points", 0) if graded else 0,
-                            self.names, graded)
-        return dataclasses.replace(found, seed=self.seeds[index])
+        points = meta.get("points", 0) if graded else 0
+        with warmth.judging(), inputs.seeded(self.seeds[index]), report.hidden(hidden):
+            found = verdict(meta["grade_id"], cell["source"], points, self.names, graded)
+        found = dataclasses.replace(found, seed=self.seeds[index])
+        if hidden and index == self.reveal:  # the same inputs again (the cell's seed), every value shown
+            self.names.forget()
+            with warmth.judging(), inputs.seeded(self.seeds[index]), report.hidden(False):
+                shown = verdict(meta["grade_id"], cell["source"], points, self.names, graded)
+            found = dataclasses.replace(found, revealed=shown.outputs)
+        return found
 
 
 def warm(modules: list[str]) -> None:

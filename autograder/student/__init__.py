@@ -13,4 +13,5 @@ def setup(seed: int = 0) -> None:
     # pool, which made them 10-40x slower on a busy 2-core machine.
     torch.set_num_threads(1)
     report.name_errors_in_one_line(summary.is_check_cell)  # a check of an answer not run says so in one line
+    report.hidden_cells_in_kernel()  # a hidden test cell run here shows no hidden input either
     print(f"torch {torch.__version__}; {devices.where()}.")

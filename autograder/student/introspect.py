@@ -252,6 +252,9 @@ def backward_calls(function: type[torch.autograd.Function]) -> Iterator[Backward
             del function.backward
 
 
+MAX_DIMS = 16  # of a shape reported (as many as the wire accepts)
+
+
 @dataclass
 class BackwardFacts:
     """One backward of a student's Function, as seen from inside."""
@@ -279,7 +282,10 @@ def record_backward(function: type[torch.autograd.Function], args: tuple[Any, ..
     data = probe.invoke(_record_backward, function, tuple(args), used)
     try:
         calls = Counter({str(k): int(v) for k, v in data["calls"].items()})
-        returned = [r if r is None or isinstance(r, str) else [int(n) for n in r] for r in data["returned"]]
+        returned = [r[:200] if isinstance(r, str) else None if r is None else [int(n) for n in r[:MAX_DIMS + 1]]
+                    for r in data["returned"][:100]]
+        if any(isinstance(r, list) and len(r) > MAX_DIMS for r in returned):
+            raise ValueError(f"a shape of more than {MAX_DIMS} dimensions")
         received = [bool(r) for r in data.get("received_none", [])]
         shared = [bool(r) for r in data.get("shared", [])]
         return BackwardFacts(calls, returned, probe.ProbeError.from_data(data["error"]), received, shared)

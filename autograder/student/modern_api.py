@@ -220,20 +220,22 @@ def _vmapped(fn: Any, args: list[Any], levels: list[Any], weights: list[Any] | N
 
 @probe.procedure
 def forward_ad(fn: Any, args: Sequence[Any], tangent_sets: list[Any],
-               hessian_weights: list[Any] | None) -> dict[str, Any]:
+               hessian_weights: list[Any] | None, jacobian: bool = True, dtypes: bool = False) -> dict[str, Any]:
     """For each set of tangents (one per argument, None for none): the primal and tangent
-    outputs of fn with torch.autograd.forward_ad dual tensors (a missing tangent is zero).
-    Then torch.func.jacfwd with respect to every floating-point tensor argument (one output
-    only) and, with `hessian_weights`, torch.func.hessian of <fn, weights> with respect to the
-    first floating-point argument."""
+    outputs of fn with torch.autograd.forward_ad dual tensors (a missing tangent is zero),
+    and with `dtypes` the first float64 tensor made on the way (`probe.Widening`: for float32
+    arguments; best effort). Then, with `jacobian`, torch.func.jacfwd with respect to every
+    floating-point tensor argument (one output only) and, with `hessian_weights`,
+    torch.func.hessian of <fn, weights> with respect to the first floating-point argument."""
     import torch.autograd.forward_ad as fwAD
 
     args = _detached(args)
     call = probe.as_callable(fn)
     runs: list[dict[str, Any]] = []
     for tangents in tangent_sets:
+        widening = probe.Widening("forward AD") if dtypes else None
         try:
-            with fwAD.dual_level():
+            with fwAD.dual_level(), widening or contextlib.nullcontext():
                 duals = [fwAD.make_dual(a, t) if isinstance(t, torch.Tensor) else a for a, t in zip(args, tangents)]
                 result = call(*duals)
                 primals, outs = [], []
@@ -241,10 +243,13 @@ def forward_ad(fn: Any, args: Sequence[Any], tangent_sets: list[Any],
                     unpacked = fwAD.unpack_dual(o)
                     primals.append(unpacked.primal.detach())
                     outs.append(None if unpacked.tangent is None else unpacked.tangent.detach())
-            runs.append({"primals": primals, "tangents": outs, "error": None})
+            runs.append({"primals": primals, "tangents": outs, "error": None,
+                         "widened": None if widening is None else widening.first})
         except Exception as exc:  # the student's code may raise anything
-            runs.append({"primals": [], "tangents": [], "error": _error("forward AD", exc)})
+            runs.append({"primals": [], "tangents": [], "error": _error("forward AD", exc), "widened": None})
     found: dict[str, Any] = {"runs": runs, "jacfwd": None, "jacfwd_error": None, "hessian": None, "hessian_error": None}
+    if not jacobian:
+        return found
     slots = slots_of(args)
     try:
         jac = torch.func.jacfwd(lambda *t: call(*with_tensors(args, slots, t)), argnums=tuple(range(len(slots))))(

@@ -12,16 +12,26 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator, Sequence, cast
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import report
+
 MESSAGE = 2000  # characters of an error message reported
+# A number with a fraction or an exponent, as an error message would print an input's value.
+_DECIMAL = re.compile(r"(?<![\w.])[-+]?(?:\d+\.\d*|\.\d+|\d+(?=[eE]))(?:[eE][-+]?\d+)?")
 
 
 def _cut(text: str) -> str:
+    """What the student's code said, cut at MESSAGE characters; in a hidden check, its
+    decimal numbers masked: an error message may quote the hidden inputs (an assert that
+    prints `x`, a ValueError with a value in it), which the student's feedback must not."""
+    if report.hiding():
+        text = _DECIMAL.sub("…", text)
     return text if len(text) <= MESSAGE else f"{text[:MESSAGE]}… [cut: {len(text) - MESSAGE} more characters]"
 
 
@@ -74,6 +84,9 @@ class Observed:
     # and why it could not be watched, where it could not.
     asked_autograd: list[str] = field(default_factory=list)
     unwatched: str | None = None
+    # With `Run.dtypes` (float32 inputs): the first operation that made a float64 tensor, and
+    # the stage it ran in (`Widening`; best effort).
+    widened: str | None = None
 
     @staticmethod
     def from_data(data: Any) -> "Observed":
@@ -87,9 +100,46 @@ class Observed:
                 error=ProbeError.from_data(data["error"]),
                 asked_autograd=[_cut(str(a)) for a in data["asked_autograd"][:20]],
                 unwatched=None if data.get("unwatched") is None else _cut(str(data["unwatched"])),
+                widened=None if data.get("widened") is None else _cut(str(data["widened"])),
             )
         except (KeyError, TypeError) as bad:
             raise Malformed(f"malformed probe: {bad}") from None
+
+    def admit(self, run: "Run") -> "Observed":
+        """Refuse what no run of `run` gives, before a check computes with any of it: autograd
+        returns each gradient in the shape and dtype of what it differentiates (its engine sums
+        and casts it so), so a gradient of any other shape — which arithmetic with the
+        reference's would broadcast, to any size — comes from a process that did not compute
+        it; positions name arguments and grad_output sets that exist."""
+        wrt = [a for a in run.args if differentiable(a) and a.requires_grad]
+        given = [v for v in (run.grad_outputs[0] if run.grad_outputs else []) if isinstance(v, torch.Tensor)]
+        expected = len(run.grad_outputs)  # one set of gradients per set of grad_outputs, until an error
+        if len(self.grads) > expected or (self.error is None and len(self.grads) < expected) or any(
+                len(g) != len(wrt) for g in self.grads):
+            raise Malformed("a probe's gradients do not match its inputs")
+        for grads in self.grads:
+            _like_inputs(grads, wrt)
+        if self.grads2 is not None:
+            _like_inputs(self.grads2[:len(wrt)], wrt)
+            tail = self.grads2[len(wrt):]
+            if len(self.grads2) < len(wrt) or len(tail) > len(given):
+                raise Malformed("a probe's second-order gradients do not match its inputs")
+            shapes = [v.shape for v in given]
+            for g in tail:  # one per grad_output that reached an output, in order
+                if g is not None and g.shape not in shapes:
+                    raise Malformed(f"a second-order gradient of shape {tuple(g.shape)[:8]}, which no grad_output "
+                                    "has: nothing is computed from it")
+        self.modified = [i for i in self.modified if 0 <= i < len(run.args)]
+        self.modified_grad_outputs = [k for k in self.modified_grad_outputs if 0 <= k < len(run.grad_outputs)]
+        return self
+
+
+def _like_inputs(grads: Sequence[torch.Tensor | None], wrt: Sequence[torch.Tensor]) -> None:
+    for g, a in zip(grads, wrt):
+        if g is not None and (g.shape != a.shape or g.dtype != a.dtype):
+            raise Malformed(f"a gradient of shape {tuple(g.shape)[:8]} and dtype {g.dtype} for an input of shape "
+                            f"{tuple(a.shape)} and dtype {a.dtype}, which autograd never returns: nothing is "
+                            "computed from it")
 
 
 def _tensors(values: Any, optional: bool = False) -> list[Any]:
@@ -294,11 +344,12 @@ class Run:
     grad_grads: Sequence[torch.Tensor] | None = None
     layouts: Sequence[str] | None = None
     watch: bool = False
+    dtypes: bool = False  # watch for float64 tensors made on the way (`Widening`): float32 inputs only
 
     def plain(self) -> list[Any]:
         return [tuple(self.args), [list(vs) for vs in self.grad_outputs],
                 None if self.grad_grads is None else list(self.grad_grads),
-                None if self.layouts is None else list(self.layouts), self.watch]
+                None if self.layouts is None else list(self.layouts), self.watch, self.dtypes]
 
 
 def run_many(fn: Any, runs: Sequence[Run]) -> list[Observed]:
@@ -307,7 +358,7 @@ def run_many(fn: Any, runs: Sequence[Run]) -> list[Observed]:
     found = invoke(_run_many, fn, [r.plain() for r in runs])
     if not isinstance(found, list) or len(found) != len(runs):
         raise Malformed("malformed runs")
-    return [Observed.from_data(d) for d in found]
+    return [Observed.from_data(d).admit(r) for d, r in zip(found, runs)]
 
 
 @procedure
@@ -315,19 +366,20 @@ def _run_many(fn: Any, runs: list[Any]) -> list[Any]:
     """Each run; those asked to be watched, of a Function, under one watch."""
     function = isinstance(fn, type) and issubclass(fn, torch.autograd.Function)
     watched = [function and len(r) > 4 and bool(r[4]) for r in runs]
+    dtypes = [len(r) > 5 and bool(r[5]) for r in runs]
     if not any(watched):
-        return [_probed(fn, *r[:4]) for r in runs]
+        return [_probed(fn, *r[:4], dtypes=d) for r, d in zip(runs, dtypes)]
     from .introspect import AutogradWatch
 
     found = []
     with AutogradWatch(fn).watching() as watch:
-        for r, watching in zip(runs, watched):
+        for r, watching, d in zip(runs, watched, dtypes):
             if not watching:
-                found.append(_probed(fn, *r[:4]))
+                found.append(_probed(fn, *r[:4], dtypes=d))
                 continue
             args, grad_outputs, grad_grads, layouts = r[:4]
             with watch.run() as applied:
-                found.append(_probed(fn, args, grad_outputs, grad_grads, layouts, applied))
+                found.append(_probed(fn, args, grad_outputs, grad_grads, layouts, applied, dtypes=d))
     evidence = iter(watch.evidence)
     return [{**f, "asked_autograd": next(evidence), "unwatched": watch.unwatched} if watching else f
             for f, watching in zip(found, watched)]
@@ -354,8 +406,48 @@ def laid_out(v: torch.Tensor, layout: str) -> torch.Tensor:
 
 
 def _probed(fn: Any, args: tuple[Any, ...], grad_outputs: list[Any], grad_grads: list[Any] | None,
-            layouts: list[Any] | None, applied: Callable[[Any], None] | None = None) -> dict[str, Any]:
+            layouts: list[Any] | None, applied: Callable[[Any], None] | None = None, *,
+            dtypes: bool = False) -> dict[str, Any]:
     """One `run`; `applied` is told what the call returned (the watch's)."""
+    widening = Widening() if dtypes else None
+    with widening or contextlib.nullcontext():
+        found = _observed(fn, args, grad_outputs, grad_grads, layouts, applied, widening)
+    found.widened = None if widening is None else widening.first
+    # Field by field (dataclasses.asdict would deep-copy every tensor: a tenth of a check's time).
+    return {**vars(found), "error": None if found.error is None else asdict(found.error)}
+
+
+class Widening(TorchDispatchMode):
+    """Watches code given float32 inputs for the first operation that makes a float64 (or
+    complex128) tensor with dimensions: a float64 constant, `.double()` or NumPy's float64
+    result pulls the computation up, and autograd's engine casts a gradient computed so
+    back to float32 without a word (so its values cannot tell). `stage` is set by the
+    caller as it goes; `first` says what ran, and where. A 0-d tensor does not count (it
+    does not promote the dimensioned tensors it meets). Best effort: the student's process
+    reports it."""
+
+    WIDE = (torch.float64, torch.complex128)
+
+    def __init__(self, stage: str = "forward") -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # torch's is unannotated
+        self.stage = stage
+        self.first: str | None = None
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if self.first is None:
+            made = [t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)]
+            wide = next((t for t in made if t.dim() and t.dtype in self.WIDE), None)
+            if wide is not None:
+                name = getattr(getattr(func, "overloadpacket", func), "__name__", str(func))
+                self.first = (f"an operation ({name}) made a {str(wide.dtype).removeprefix('torch.')} tensor of "
+                              f"shape {tuple(wide.shape)} in {self.stage}")
+        return out
+
+
+def _observed(fn: Any, args: tuple[Any, ...], grad_outputs: list[Any], grad_grads: list[Any] | None,
+              layouts: list[Any] | None, applied: Callable[[Any], None] | None,
+              widening: Widening | None) -> Observed:
     call = as_callable(fn)
     probe = Observed()
     wrt = [a for a in args if differentiable(a) and a.requires_grad]
@@ -372,6 +464,8 @@ def _probed(fn: Any, args: tuple[Any, ...], grad_outputs: list[Any], grad_grads:
         floating = [t for t in outputs_of(result) if differentiable(t)]
         for k, vs in enumerate(grad_outputs):
             stage = "backward"
+            if widening is not None:
+                widening.stage = stage
             second = grad_grads is not None and k == 0
             layout = layouts[k] if layouts is not None and k < len(layouts) else "plain"
             pairs = [(o, laid_out(v, layout if layout in LAYOUTS else "plain"))
@@ -391,12 +485,13 @@ def _probed(fn: Any, args: tuple[Any, ...], grad_outputs: list[Any], grad_grads:
             probe.grads.append([None if g is None else g.detach() for g in grads])
             if second:
                 stage = "double backward"
+                if widening is not None:
+                    widening.stage = stage
                 assert grad_grads is not None  # (second)
                 probe.grads2 = _second_order(grads, grad_grads, [*wrt, *(v for _, v in pairs)])
     except Exception as exc:  # the student's code may raise anything
         probe.error = ProbeError.of(stage, exc)
-    # Field by field (dataclasses.asdict would deep-copy every tensor: a tenth of a check's time).
-    return {**vars(probe), "error": None if probe.error is None else asdict(probe.error)}
+    return probe
 
 
 def _second_order(

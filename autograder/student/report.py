@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import linecache
+import reprlib
 import sys
 import warnings
 from typing import Any, Callable, Iterator
@@ -34,27 +36,150 @@ def fail(summary: str, *details: str, cause: str | None = None) -> None:
     lines = [summary, *("  " + line for d in details for line in d.splitlines())]
     if cause:
         lines.append(f"Likely cause: {cause}")
+    hidden = _current()
+    if hidden is not None and hidden.described:
+        lines.append(HIDDEN)
     raise CheckFailed("\n".join(lines))
 
 
+# --- A hidden check's messages ------------------------------------------------------------------
+#
+# Every student's hidden checks draw the same inputs (from the course's secret), so what one
+# student's feedback shows of them, every student could use. While the grader judges a hidden
+# test cell, `show` describes a tensor by dtype and shape alone — an input, and what is
+# computed from it (an expected value, the student's output) alike — and the checks name the
+# first entry that differs and its two values (`checks.explain.differ`). The instructor sees
+# everything with `autograder replay`.
+
+class _Hidden:
+    """A hidden test cell being judged: whether a message described a tensor without its values."""
+
+    described = False
+
+
+_hiding: contextvars.ContextVar[_Hidden | None] = contextvars.ContextVar("hiding", default=None)
+HIDDEN = ("(A hidden check: its inputs are the course's secret, so tensors are described by dtype and shape, and "
+          "only the first entry that differs is shown. The visible check shows its own inputs.)")
+
+
+@contextlib.contextmanager
+def hidden(hide: bool = True) -> Iterator[None]:
+    """Judge a hidden test cell (with `hide`): messages show no values of tensors (per thread)."""
+    token = _hiding.set(_Hidden() if hide else None)
+    try:
+        yield
+    finally:
+        _hiding.reset(token)
+
+
+def hiding() -> bool:
+    """Whether a hidden test cell is being judged (see `hidden`)."""
+    return _current() is not None
+
+
+def _current() -> _Hidden | None:
+    return _hiding.get() or _kernel_cell
+
+
+HIDDEN_TESTS = "### BEGIN HIDDEN TESTS"  # in the instructor's source of a hidden test cell (nbgrader's marker)
+# A hidden test cell that an IPython kernel runs (stock `nbgrader autograde`, the instructor's
+# notebook): the grader's `hidden` does not reach it, so the kernel's own hook says so.
+_kernel_cell: _Hidden | None = None
+
+
+def hidden_cells_in_kernel() -> None:
+    """In an IPython kernel, judge each cell that holds hidden tests as `hidden` does: a
+    notebook graded by running its test cells in the student's kernel (stock nbgrader)
+    writes its messages into the autograded notebook and the feedback as well."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None:
+        return
+    for event, callback in (("pre_run_cell", _cell_starts), ("post_run_cell", _cell_ends)):
+        if callback not in shell.events.callbacks[event]:  # (the setup cell may run twice)
+            shell.events.register(event, callback)
+
+
+def _cell_starts(info: Any) -> None:
+    global _kernel_cell
+    _kernel_cell = _Hidden() if HIDDEN_TESTS in str(getattr(info, "raw_cell", "")) else None
+
+
+def _cell_ends(result: Any) -> None:
+    global _kernel_cell
+    _kernel_cell = None
+
+
 def show(value: object, *, limit: int = 12) -> str:
-    """A short, single-line rendering of a tensor (or anything else) for messages.
+    """A short, single-line rendering of a tensor (or anything else) for messages; in a
+    hidden check, its dtype and shape only (see `hidden`).
 
     Written by hand rather than with torch's repr, which costs ~100x more: checks render
-    their inputs for every case they judge, failing or not."""
+    their inputs for every case they judge, failing or not. It reads `limit` entries at
+    most, whatever the tensor's shape (an empty tensor of shape (8000000, 0) is 8 million
+    empty lists to `.tolist()`)."""
+    if hiding():
+        return _described(value)
     if not isinstance(value, torch.Tensor):
-        return repr(value)
+        return _SHORT.repr(value)
     if value.device.type == "meta":
         return f"<meta tensor of shape {tuple(value.shape)}>"
-    t = value.detach().cpu()
-    dtype = "" if t.dtype in _PLAIN_DTYPES else f", dtype={t.dtype}"
-    if t.numel() > limit:
-        return (f"tensor([{', '.join(map(_number, t.flatten()[:limit].tolist()))}, ...]{dtype}) of shape "
-                f"{tuple(t.shape)}")
-    return f"tensor({_nested(t.tolist())}{dtype})"
+    dtype = "" if value.dtype in _PLAIN_DTYPES else f", dtype={value.dtype}"
+    if value.numel() == 0:
+        return f"tensor([], size={tuple(value.shape)}{dtype})"
+    if value.numel() > limit:
+        return (f"tensor([{', '.join(map(_number, first(value, limit)))}, ...]{dtype}) of shape "
+                f"{tuple(value.shape)}")
+    return f"tensor({_nested(value.detach().cpu().tolist())}{dtype})"
+
+
+def value(number: float, spec: str = ".4g") -> str:
+    """A number computed from a check's inputs (the largest of them, say) for a message; in
+    a hidden check, not shown."""
+    return "(not shown: a hidden check)" if hiding() else format(number, spec)
+
+
+def first(t: torch.Tensor, n: int) -> list[Any]:
+    """The first `n` entries of `t` in order, as numbers: `n` read, whatever its shape and strides."""
+    if not t.dim():
+        return [t.detach().cpu().item()]
+    places = [unravel(k, tuple(t.shape)) for k in range(min(n, t.numel()))]
+    if not places:
+        return []
+    index = tuple(torch.tensor(column, device=t.device) for column in zip(*places))
+    return list(t.detach()[index].cpu().tolist())
+
+
+def unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The index of entry `flat` of a tensor of `shape`, in order (torch.unravel_index's cost
+    grows with the shape's size)."""
+    index = []
+    for size in reversed(shape):
+        flat, k = divmod(flat, size)
+        index.append(k)
+    return tuple(reversed(index))
+
+
+def _described(value: object) -> str:
+    """What a hidden check says of a value: numbers' kinds and tensors' shapes, not values."""
+    if isinstance(value, torch.Tensor):
+        hidden = _current()
+        if hidden is not None:
+            hidden.described = True
+        return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {tuple(value.shape)}"
+    if isinstance(value, float):
+        return "a float"
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(_described(v) for v in value[:4]) + (", ..." if len(value) > 4 else "")
+        return f"[{inner}]" if isinstance(value, list) else f"({inner})"
+    return repr(value) if isinstance(value, (bool, int, str, type(None))) else f"a {type(value).__name__}"
 
 
 _PLAIN_DTYPES = (torch.float64, torch.float32, torch.int64, torch.bool)
+# Anything else, within bounds whatever its size (a student's process may return a list of millions).
+_SHORT = reprlib.Repr()
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = 12
+_SHORT.maxstring = _SHORT.maxother = 400
 
 
 def _nested(values: object) -> str:

@@ -5,7 +5,8 @@ Decoding builds nothing but dicts, lists, tuples, strings, numbers, booleans, No
 CPU tensors of a few dtypes, checking every size against its buffer: a hostile peer can
 send wrong values, never code. What the receiver may later allocate from a shape is
 bounded too: every tensor counts its bytes, a meta tensor (a shape without data) as if it
-had them, against `MAX_BYTES` per payload, and a payload holds at most `MAX_TENSORS`.
+had them and an empty one as if its dimensions of size 0 were 1, against `MAX_BYTES` per
+payload, and a payload holds at most `MAX_TENSORS`.
 """
 from __future__ import annotations
 
@@ -90,9 +91,11 @@ def decode(structure: Any, buffers: Sequence[bytes | bytearray], *, references: 
     spent = {"bytes": 0, "tensors": 0}
 
     def charge(shape: list[int], dtype: torch.dtype) -> int:
-        """The tensor's element count, once it fits what is left of the payload's budget."""
+        """The tensor's element count, once it fits what is left of the payload's budget. A
+        dimension of size 0 is charged as 1: an empty tensor of shape (8000000, 0) has no
+        data, yet 8 million rows to anything that walks it (`.tolist()`, a loop)."""
         numel = math.prod(shape)
-        spent["bytes"] += numel * dtype.itemsize
+        spent["bytes"] += math.prod(max(n, 1) for n in shape) * dtype.itemsize
         spent["tensors"] += 1
         if spent["bytes"] > MAX_BYTES or spent["tensors"] > MAX_TENSORS:
             raise WireError(f"payload larger than {MAX_BYTES >> 20} MiB of tensors or {MAX_TENSORS} tensors "

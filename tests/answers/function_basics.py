@@ -152,6 +152,35 @@ class PolarToCartesian(torch.autograd.Function):
                 grad_theta = add_optional(grad_theta, grad_y * x)
         return grad_r, grad_theta
 '''),
+    # Every check used to put its special point (here r = 0) first: an answer right only there passed.
+    wrong("polar_to_cartesian", "divides by r, patched at the first entry only (where checks used to put r = 0)",
+          source='''
+class PolarToCartesian(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, r, theta):
+        ctx.set_materialize_grads(False)
+        x, y = r * torch.cos(theta), r * torch.sin(theta)
+        ctx.save_for_backward(r, theta, x, y)
+        return x, y
+
+    @staticmethod
+    def backward(ctx, grad_x, grad_y):
+        r, theta, x, y = ctx.saved_tensors
+        first = (torch.arange(r.numel(), device=r.device) == 0).reshape(r.shape)
+        r_there = torch.where(first, torch.ones_like(r), r)
+        cos = torch.where(first, torch.cos(theta), x / r_there)
+        sin = torch.where(first, torch.sin(theta), y / r_there)
+        grad_r = grad_theta = None
+        if grad_x is not None:
+            grad_r = grad_x * cos if ctx.needs_input_grad[0] else None
+            grad_theta = -grad_x * y if ctx.needs_input_grad[1] else None
+        if grad_y is not None:
+            if ctx.needs_input_grad[0]:
+                grad_r = add_optional(grad_r, grad_y * sin)
+            if ctx.needs_input_grad[1]:
+                grad_theta = add_optional(grad_theta, grad_y * x)
+        return grad_r, grad_theta
+'''),
     wrong("polar_to_cartesian", "stashes r and theta on ctx",
           ("ctx.save_for_backward(r, theta)\n", "ctx.r, ctx.theta = r, theta\n"),
           ("r, theta = ctx.saved_tensors", "r, theta = ctx.r, ctx.theta")),

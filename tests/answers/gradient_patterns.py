@@ -402,3 +402,15 @@ MUTANTS += [
           ("grad = grad.sum(dims, keepdim=True)",
            "grad = grad.mean(dims, keepdim=True) * math.prod(grad.shape[d] for d in dims)")),
 ]
+
+# Float32 inputs: a gradient computed in float64 comes back as float32 (autograd's engine casts it without
+# a word), so only the float32 run's watch for float64 steps tells.
+MUTANTS += [
+    wrong("gelu", "computes the gradient in float64 (the engine casts it back to float32)",
+          ("return grad_output * (normal_cdf(x) + x * normal_pdf(x))",
+           "return grad_output.double() * (normal_cdf(x.double()) + x.double() * normal_pdf(x.double()))")),
+    wrong("gelu", "computes the gradient in float64 and casts it back itself",
+          ("return grad_output * (normal_cdf(x) + x * normal_pdf(x))",
+           "x64 = x.double()\n"
+           "        return (grad_output.double() * (normal_cdf(x64) + x64 * normal_pdf(x64))).to(x.dtype)")),
+]

@@ -106,6 +106,15 @@ class Checkpoint(torch.autograd.Function):
           ('"i": "false"', '"i": "true"')),
 ]
 
+# Float32 inputs: the recomputation in float64 gives float64 gradients, which autograd's engine casts back to
+# float32 without a word: only the float32 run's watch for float64 steps tells.
+MUTANTS += [
+    wrong("manual_checkpoint", "recomputes run in float64 (the engine casts the gradients back to float32)",
+          ("            output = ctx.run(*inputs)\n",
+           "            output = ctx.run(*[t.double() for t in inputs])\n"
+           "        grad_output = grad_output.double()\n")),
+]
+
 VARIANTS = [
     right("manual_checkpoint",
           "the state saved for backward, restored by hand instead of fork_rng, all inputs differentiated",

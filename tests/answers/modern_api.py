@@ -114,6 +114,14 @@ class SquaredDistance(torch.autograd.Function):
           ("        ctx.save_for_forward(x, beta)\n", "")),
     wrong("swish_jvp", "saves with save_for_forward only (backward finds an empty tuple)",
           ("        ctx.save_for_backward(x, beta)\n", "")),
+    wrong("swish_jvp", "computes the tangent in float64 and casts it back to the input's dtype",
+          ("return x_t * (s + beta * x * s * (1 - s)) + beta_t * x * x * s * (1 - s)",
+           "dtype, x, beta, x_t, beta_t, s = x.dtype, x.double(), beta.double(), x_t.double(), beta_t.double(), "
+           "s.double()\n"
+           "        return (x_t * (s + beta * x * s * (1 - s)) + beta_t * x * x * s * (1 - s)).to(dtype)")),
+    wrong("swish_jvp", "computes the tangent in float64 (a float64 tangent for a float32 output)",
+          ("return x_t * (s + beta * x * s * (1 - s)) + beta_t * x * x * s * (1 - s)",
+           "return x_t.double() * (s + beta * x * s * (1 - s)).double() + beta_t * x * x * s * (1 - s)")),
     wrong("swish_jvp", "ignores beta's tangent",
           ("return x_t * (s + beta * x * s * (1 - s)) + beta_t * x * x * s * (1 - s)",
            "return x_t * (s + beta * x * s * (1 - s))")),
