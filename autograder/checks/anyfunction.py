@@ -567,9 +567,10 @@ def _kept(spec, recording, backward, named: Names) -> None:
 
 # --- Special points --------------------------------------------------------------------------
 
-def _special(args: tuple) -> tuple:
-    """`args` with SPECIAL in the first entries of every differentiable tensor."""
-    return tuple(seeded.including(a, SPECIAL) if probe.differentiable(a) and a.numel() else a for a in args)
+def _special(args: tuple, generator: torch.Generator) -> tuple:
+    """`args` with SPECIAL in every differentiable tensor, at places drawn from `generator`."""
+    return tuple(seeded.including(a, SPECIAL, generator) if probe.differentiable(a) and a.numel() else a
+                 for a in args)
 
 
 def _special_points(fn, spec, cases: list[tuple], names: list[str], generator) -> None:
@@ -578,7 +579,7 @@ def _special_points(fn, spec, cases: list[tuple], names: list[str], generator) -
     is finite a step to either side (its finite differences there)."""
     __tracebackhide__ = True
     for args in cases:
-        special = devices.prepare(_special(args), "cpu")
+        special = devices.prepare(_special(args, generator), "cpu")
         if spec.reference is not None:
             _finite_as_reference(fn, spec, special, names)
         else:
@@ -632,7 +633,9 @@ def _no_nan(fn, spec, args: tuple, names: list[str], generator) -> None:
     labels = functions._labels(names, len(args))
     plain = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
     # Forward: nan at a special entry, finite a step to either side of it.
-    entries = [(i, j) for i in _slots(args) for j in range(min(len(SPECIAL), plain[i].numel()))]
+    entries = [(i, j) for i in _slots(args)
+               for j in torch.isin(plain[i].reshape(-1), torch.tensor(SPECIAL, dtype=plain[i].dtype)).nonzero()
+               .reshape(-1)[:2 * len(SPECIAL)].tolist()]  # (the placed ones, and a few the caller gave)
     for (i, j), (plus, minus) in zip(entries, _moved(fn, plain, entries)):
         for k, (at, up, down) in enumerate(zip(base.outputs, plus, minus)):
             if at.is_floating_point() and bool((at.isnan() & up.isfinite() & down.isfinite()).any()):
@@ -649,9 +652,11 @@ def _no_nan(fn, spec, args: tuple, names: list[str], generator) -> None:
         for j, (plus, minus) in zip(wrong, _moved(fn, plain, [(i, j) for j in wrong])):
             numeric = _slope(plus, minus, vs)
             if spec.surrogate_gradient or numeric == numeric and abs(numeric) < float("inf"):
-                also = "" if spec.surrogate_gradient else f", where finite differences of your own forward give " \
-                                                          f"{numeric:.6g}"
-                fail(f"{spec.name}: the gradient for `{labels[i]}` is nan at index {_index(grad, j)}{also}.", *shown,
+                also = "" if spec.surrogate_gradient else f" (finite differences of your own forward give " \
+                                                          f"{numeric:.6g})"
+                at = plain[i].reshape(-1)[j].item()
+                fail(f"{spec.name}: the gradient for `{labels[i]}` is nan at index {_index(grad, j)}, where "
+                     f"`{labels[i]}` = {at:g}{also}.", *shown,
                      functions._given(vs)[0], cause=SPECIAL_NAN)
 
 
