@@ -20,7 +20,7 @@ WORK ?= work
 PUBLIC ?= public
 ROOT_FLAG = $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
-.PHONY: test tests check quick-tests lint lab instructor release publish autograde bench compare-stock verdicts fuzz gpu-check gpu-wheels lock system-tools test-tools hub-tools clean
+.PHONY: test tests check quick-tests lint lab instructor release publish autograde bench compare-stock verdicts fuzz bench-function-check gpu-check gpu-wheels lock system-tools test-tools hub-tools clean
 
 # Lint runs beside the tests (mypy's minute on one core while the test workers start); a
 # lint error fails the run when the tests end.
@@ -88,6 +88,11 @@ bench: $(STAMP) system-tools test-tools
 	$(BIN)/python bench/stock_vs_engine.py $(ARGS)
 	$(BIN)/python bench/run_all.py
 	$(BIN)/python bench/scaling.py
+
+# `autograder.check_function` against gradcheck + gradgradcheck and opcheck on every known
+# answer of the exercises whose answer is a Function: the README's table (bench/results/).
+bench-function-check: $(STAMP)
+	$(BIN)/python bench/function_check_vs_stock.py $(ARGS)
 
 # A thousand notebooks mutated at random in structure and metadata, graded beside honest
 # students, and 500 hostile replies judged by the checks within the grader's bounds

@@ -346,6 +346,137 @@ def publish(
                f"{publishing.MARKER}) and push it to {publishing.student_repository(self_study=self_study)}")
 
 
+@app.command()
+def check(
+    target: str = typer.Argument(..., metavar="FILE.py:NAME",
+                                 help="The torch.autograd.Function (or custom op, or function) to check: a Python "
+                                      "file and the name it defines, e.g. layers.py:Swish."),
+    inputs: str = typer.Option(
+        ..., "--inputs", metavar="SPEC",
+        help="Example inputs: the arguments of one call, a shape in brackets for a random float64 tensor and a "
+             "Python literal for anything else, e.g. '[8, 4] [4] 0.5'; or a name FILE.py defines: a tuple of "
+             "arguments, a list of them, or a function of a torch.Generator returning either."),
+    reference: Optional[str] = typer.Option(
+        None, "--reference", metavar="NAME",
+        help="A function of the same arguments FILE.py defines, made of torch operations: the values and "
+             "gradients are then compared with its, in float64."),
+    no_double_backward: bool = typer.Option(False, "--no-double-backward",
+                                            help="The gradient need not be differentiable (no gradgradcheck)."),
+    surrogate_gradient: bool = typer.Option(
+        False, "--surrogate-gradient",
+        help="Backward deliberately is not the derivative of forward (a straight-through estimator, gradient "
+             "reversal): no gradcheck."),
+    autograd_in_backward: bool = typer.Option(False, "--autograd-in-backward",
+                                              help="Backward may ask autograd (recomputation, checkpointing)."),
+    vmap: Optional[bool] = typer.Option(None, "--vmap/--no-vmap",
+                                        help="Check torch.func.vmap (default: where the Function declares a rule)."),
+    compile: bool = typer.Option(False, "--compile", help="Check torch.compile(backend='aot_eager')."),
+    fullgraph: bool = typer.Option(False, "--fullgraph", help="With --compile: in one graph (fullgraph=True)."),
+    max_saved_bytes: Optional[int] = typer.Option(None, "--max-saved-bytes", metavar="N",
+                                                  help="What one call may save for backward, at most."),
+    seed: int = typer.Option(0, metavar="N", help="The seed random inputs are drawn from."),
+) -> None:
+    """Check your own autograd Function with the course's checks.
+
+    Values, gradients (gradcheck) and double backward (gradgradcheck); the same results every
+    time and for every memory layout of grad_output; ctx.needs_input_grad respected; float32
+    kept; the meta device (a tensor tied to the CPU); no NaN at 0 and ±1000; nothing stashed on
+    ctx or kept elsewhere; backward asks autograd for nothing; vmap, forward-mode AD and
+    torch.compile where asked for; with --reference, values and gradients against it. One line
+    per group of checks; on the first failure, the course's message: the input, the expected
+    and actual values, the likely cause. It runs FILE.py in this process.
+    Exit codes: 0 every check passed, 1 a check failed, 2 nothing was checked (a wrong argument,
+    a file that does not import).
+    """
+    path, _, name = target.rpartition(":")
+    if not path.endswith(".py") or not name.isidentifier():
+        raise fail(f"'{target}' is not FILE.py:NAME (a Python file, a colon, and the name of the Function in it)")
+    if not Path(path).is_file():
+        raise fail(f"{path} is not a file")
+    try:
+        spec = _inputs_spec(inputs)
+    except ValueError as error:
+        raise fail(f"--inputs {inputs!r}: {error}") from None
+    if reference is not None and not reference.isidentifier():
+        raise fail(f"--reference {reference!r} is not a name (the reference must be defined in {path})")
+    if fullgraph and not compile:
+        raise fail("--fullgraph goes with --compile")
+    module = _imported(Path(path))
+    fn, reference_fn = _defined(module, path, name), None if reference is None else _defined(module, path, reference)
+    from .checks.anyfunction import check_function
+    from .student.report import CheckFailed
+
+    try:
+        check_function(fn, _defined(module, path, spec) if isinstance(spec, str) else _random_inputs(spec),
+                       reference_fn, double_backward=not no_double_backward, surrogate_gradient=surrogate_gradient,
+                       autograd_in_backward=autograd_in_backward, vmap=vmap,
+                       compile="fullgraph" if fullgraph else compile, max_saved_bytes=max_saved_bytes, seed=seed)
+    except CheckFailed as failed:
+        typer.echo(f"✘ {failed}")
+        raise typer.Exit(1) from None
+    except TypeError as error:  # inputs that are no call's arguments
+        raise fail(str(error)) from None
+
+
+def _inputs_spec(text: str) -> str | list:
+    """`--inputs`: a name, or a list of shapes (tuples) and Python literals."""
+    import ast
+    import re
+
+    if text.strip().isidentifier():
+        return text.strip()
+    found: list = []
+    for token in re.findall(r"\[[^\]]*\]|[^\s\[\]]+", text):
+        if token.startswith("["):
+            dims = [d.strip() for d in token[1:-1].split(",") if d.strip()]
+            if not all(d.isdigit() for d in dims):
+                raise ValueError(f"the shape {token} is not a list of sizes (whole numbers)")
+            found.append(tuple(int(d) for d in dims))
+        else:
+            try:
+                found.append(ast.literal_eval(token))
+            except (ValueError, SyntaxError):
+                raise ValueError(f"{token!r} is neither a shape in brackets nor a Python literal") from None
+    if not found:
+        raise ValueError("no arguments: give at least one, e.g. '[8, 4]'")
+    return found
+
+
+def _random_inputs(spec: list):
+    """The arguments `spec` describes, drawn from check_function's generator."""
+    import torch
+
+    return lambda generator: tuple(torch.randn(s, generator=generator, dtype=torch.float64)
+                                   if isinstance(s, tuple) else s for s in spec)
+
+
+def _imported(path: Path):
+    """FILE.py as a module of its own, importable by its name (torch.compile looks a
+    Function's globals up there), its folder first on sys.path (for its own imports)."""
+    import importlib.util
+
+    name = f"checked_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None  # (a .py file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    sys.path.insert(0, str(path.resolve().parent))
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:  # anything the user's file raises
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise fail(f"importing {path} raised {type(error).__name__}{': ' + first if first else ''}") from None
+    return module
+
+
+def _defined(module, path: str, name: str):
+    if not hasattr(module, name):
+        known = [n for n in vars(module) if not n.startswith("_") and callable(getattr(module, n))]
+        close = difflib.get_close_matches(name, known, n=3)
+        raise fail(f"{path} defines no {name!r}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
+    return getattr(module, name)
+
+
 def _version(shown: bool) -> None:
     if shown:
         typer.echo(f"autograder {__version__}")

@@ -73,6 +73,9 @@ dependencies = {dependencies}
 [project.urls]
 Repository = "{url}"
 
+[project.entry-points.pytest11]
+autograd_course = "autograder.checks.pytest_plugin"
+
 [tool.setuptools]
 packages = {packages}
 
@@ -233,8 +236,8 @@ def build_package(out: Path, root: Path = authoring.ROOT, self_study: bool = Fal
     url = student_repository(root, self_study)
     package = out / "autograder"
     package.mkdir(parents=True, exist_ok=True)
-    (package / "__init__.py").write_text(INIT.format(version=version))
     source = root / "autograder"
+    (package / "__init__.py").write_text(INIT.format(version=version) + _after_version(source / "__init__.py"))
     for name in STUDENT_PACKAGES:
         target = package / name
         if target.exists():
@@ -255,6 +258,12 @@ def build_package(out: Path, root: Path = authoring.ROOT, self_study: bool = Fal
     if (root / "LICENSE").exists():
         shutil.copy(root / "LICENSE", out / "LICENSE")
     return out
+
+
+def _after_version(init: Path) -> str:
+    """What the package's own __init__.py defines after its version: `from autograder import
+    check_function` works in the student package too."""
+    return init.read_text().split("\n__version__", 1)[1].split("\n", 1)[1]
 
 
 def released(root: Path = authoring.ROOT) -> list[str]:

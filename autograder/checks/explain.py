@@ -237,8 +237,9 @@ def gradient_cause(
 
 
 
-def gradcheck_cause(message: str, label: str = "gradcheck") -> str:
-    """The likely cause of a failed gradcheck or gradgradcheck, from its message."""
+def gradcheck_cause(message: str, label: str = "gradcheck", compared: bool = True) -> str:
+    """The likely cause of a failed gradcheck or gradgradcheck, from its message (`compared`:
+    the values were compared with a reference first)."""
     if "not multiplied by grad_output" in message:
         return "backward must be linear in grad_output: multiply the local derivative by grad_output, add nothing."
     if "not reentrant" in message:
@@ -250,6 +251,10 @@ def gradcheck_cause(message: str, label: str = "gradcheck") -> str:
     if label == "gradgradcheck":
         return ("the first derivative agrees, the second does not: backward must be differentiable, "
                 "built with torch operations from grad_output and the saved inputs or outputs.")
+    if not compared:
+        return ("backward disagrees with finite differences of your own forward: backward must be the derivative of "
+                "forward (a deliberate surrogate, such as a straight-through estimator, is not: pass "
+                "surrogate_gradient=True).")
     return ("backward disagrees with finite differences of your own forward, although both agreed with the "
             "reference along the checked directions: backward must be linear in grad_output and the same "
             "every time it runs.")

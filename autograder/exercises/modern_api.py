@@ -68,8 +68,9 @@ def _shown(names: Sequence[str], args: Sequence[Any]) -> list[str]:
 def _close(actual: torch.Tensor | None, expected: torch.Tensor, rtol: float = RTOL, atol: float = ATOL) -> bool:
     return (
         isinstance(actual, torch.Tensor) and actual.shape == expected.shape
+        # (NaN where the expected value is NaN too agrees: explain.mismatch counts it so)
         and bool(torch.allclose(actual.detach().cpu().to(expected.dtype), expected.detach().cpu(), rtol=rtol,
-                                atol=atol))
+                                atol=atol, equal_nan=True))
     )
 
 

@@ -263,6 +263,8 @@ class BackwardFacts:
     returned: list[list[int] | str | None]  # per returned value: its shape, None, or its type's name
     error: probe.ProbeError | None = None
     received_none: list[bool] = field(default_factory=list)  # per gradient it received: was it None
+    # per returned value: the very tensor also returned for another input (it cost nothing more)
+    shared: list[bool] = field(default_factory=list)
 
     @property
     def matmuls(self) -> int:
@@ -285,7 +287,8 @@ def record_backward(function: type[torch.autograd.Function], args: tuple[Any, ..
         if any(isinstance(r, list) and len(r) > MAX_DIMS for r in returned):
             raise ValueError(f"a shape of more than {MAX_DIMS} dimensions")
         received = [bool(r) for r in data.get("received_none", [])]
-        return BackwardFacts(calls, returned, probe.ProbeError.from_data(data["error"]), received)
+        shared = [bool(r) for r in data.get("shared", [])]
+        return BackwardFacts(calls, returned, probe.ProbeError.from_data(data["error"]), received, shared)
     except (AttributeError, KeyError, TypeError, ValueError) as bad:
         raise probe.Malformed(f"malformed backward facts: {bad}") from None
 
@@ -313,4 +316,6 @@ def _record_backward(function: type[torch.autograd.Function], args: tuple[Any, .
     returned = [None if g is None else list(g.shape) if isinstance(g,
                                                                    torch.Tensor) else type(g).__name__ for g in first]
     received = record.received[0] if record.received else []
-    return {"calls": dict(record.calls), "returned": returned, "error": None, "received_none": received}
+    shared = [g is not None and any(g is h for j, h in enumerate(first) if j != k) for k, g in enumerate(first)]
+    return {"calls": dict(record.calls), "returned": returned, "error": None, "received_none": received,
+            "shared": shared}
