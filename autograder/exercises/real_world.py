@@ -277,7 +277,8 @@ def check_logsumexp(student: Any, *, cases: Sequence[LseCase] = LOGSUMEXP_CASES,
         passed("LogSumExp: forward and backward are finite at x = 1000, -1000 and mixed.")
     _saves(student, LOGSUMEXP_SAVES, drawn[:2])
     passed("LogSumExp saves exactly x and its output, nothing on ctx.")
-    _runs_strided(student, "LogSumExp", max(drawn, key=lambda args: args[0].dim()))
+    with quiet():  # no line of its own: no known mistake here fails only there, as Swish's `.view` does
+        _runs_strided(student, "LogSumExp", max(drawn, key=lambda args: args[0].dim()))
     check_function(student, spec, seed=seed)
 
 
@@ -482,7 +483,8 @@ def check_fixed_point(student: Any, *, cases: Sequence[FixedCase] = FIXED_POINT_
     passed(f"TanhFixedPoint: forward converges to the fixed point ({len(drawn)} inputs).")
     _saves(student, FIXED_POINT_SAVES, drawn[:2])
     passed("TanhFixedPoint saves exactly z and W, nothing on ctx.")
-    _runs_strided(student, "TanhFixedPoint", max(drawn, key=lambda args: args[0].dim()))
+    with quiet():  # no line of its own: no known mistake here fails only there, as Swish's `.view` does
+        _runs_strided(student, "TanhFixedPoint", max(drawn, key=lambda args: args[0].dim()))
     check_function(student, spec, seed=seed)
     note(f"(the reference differentiates through {UNROLLED} unrolled iterations)")
 
