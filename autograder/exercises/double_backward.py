@@ -62,10 +62,12 @@ THIRD_ORDER_CAUSE = (
 )
 
 
-def check_third_order(student: Any, spec: FunctionSpec, *, seed: int | None = 0) -> None:
+def check_third_order(student: Any, spec: FunctionSpec, *, seed: int | None = 0, claim: bool = True) -> None:
     """The third derivative of the first output, along random directions, on every case of
     `spec`: a Function that autograd can differentiate through its backward can be
-    differentiated again, as often as asked."""
+    differentiated again, as often as asked. Without `claim`, on no ✔ line of its own: where
+    no known mistake passes gradgradcheck and fails here (a backward that reuses the very
+    Function, as SinhWithIntermediates' does through its saved outputs)."""
     __tracebackhide__ = True
     generator = inputs.generator(seed)
     with quiet():
@@ -73,8 +75,9 @@ def check_third_order(student: Any, spec: FunctionSpec, *, seed: int | None = 0)
             directions = [inputs.normal(x.shape, generator) for _ in range(3)]
             want = double_backward.third_derivative(spec.reference, x, directions)["value"]
             _judge_third(spec.name, x, want, probe.invoke(double_backward.third_derivative, student, x, directions))
-    passed(f"{spec.name}: the third derivative agrees with the reference's too, along random directions "
-           f"({len(spec.cases(inputs.generator(seed)))} input(s)): differentiable to every order.")
+    if claim:
+        passed(f"{spec.name}: the third derivative agrees with the reference's too, along random directions "
+               f"({len(spec.cases(inputs.generator(seed)))} input(s)): differentiable to every order.")
 
 
 def _judge_third(name: str, x: torch.Tensor, want: torch.Tensor, found: Any) -> None:
@@ -170,7 +173,7 @@ def check_sinh_intermediates(
            f"of shape {tuple(recording.args[0].shape)}), nothing on ctx.")
     spec = replace(SINH_INTERMEDIATES, cases=cases)
     check_function(student, spec, seed=seed)
-    check_third_order(student, spec, seed=seed)
+    check_third_order(student, spec, seed=seed, claim=False)
 
 
 # --- CubeBackward: the backward of a backward autograd cannot see ---------------------------

@@ -589,12 +589,13 @@ def _check_checkpointing(kind: Checkpointing, student: Any, shapes: Sequence[Seq
                 call = _prepare(args, device, [True] * len(args))
                 judge_budget(_WithBlock(student, BLOCKS[block][0]), kind.budget(_block_names(block)), call,
                              strided=block == "residual_tanh")
+    passed(f"{kind.name} {kind.keeps}: for run = {BLOCKS['residual_tanh'][1]} and run = {BLOCKS['scaled_sin'][1]}.")
+    for batch, width in shapes:  # after the line above, which a wrong recomputation must not claim
         for device in devices.available():
             args = _block_args("residual_dropout", batch, width, generator)
             for needs in CHECKPOINT_NEEDS:
                 _check_random(kind, student, _prepare(args, device, needs),
                               int(torch.randint(2**31, (1,), generator=generator)))
-    passed(f"{kind.name} {kind.keeps}: for run = {BLOCKS['residual_tanh'][1]} and run = {BLOCKS['scaled_sin'][1]}.")
     passed(f"{kind.name} with dropout inside: the same output and gradients as the block itself, from the same "
            "random numbers, for every combination of inputs that require grad; run recomputed once in backward"
            + ("; each recomputed tensor let go of once backward has read it" if kind.lets_go else "")

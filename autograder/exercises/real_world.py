@@ -32,10 +32,11 @@ def _saves(student: Any, rule: SaveRule, cases: list[tuple]) -> None:
             check_saved(student, rule, devices.prepare(args, device))
 
 
-def _runs_strided(student: Any, name: str, args: tuple) -> None:
+def _runs_strided(student: Any, name: str, args: tuple, *, claim: bool = True) -> None:
     """Forward and backward run on inputs that are not contiguous in memory (a transpose's
     layout; a 1-d tensor's every other element), as a caller's tensors may be: a `.view` that
-    merges dimensions fails there. (Given the case of most dimensions.)"""
+    merges dimensions fails there. (Given the case of most dimensions.) Without `claim`, on no
+    ✔ line of its own: where no known mistake fails only here (Swish's per-channel `.view` does)."""
     __tracebackhide__ = True
     names = probe.argument_names(student)
     with quiet():
@@ -51,7 +52,8 @@ def _runs_strided(student: Any, name: str, args: tuple) -> None:
                      "(a transpose, a slice): use `.reshape(...)`, which copies only when it must.")
         fail(f"{name}: {what}, given inputs that are not contiguous in memory.", *_shown(names, args),
              "(the same values, laid out as a transpose's are; a 1-d tensor's every other element)", cause=cause)
-    passed(f"{name}: forward and backward also run on inputs that are not contiguous in memory.")
+    if claim:
+        passed(f"{name}: forward and backward also run on inputs that are not contiguous in memory.")
 
 
 # --- 9.1 Swish with a learnable beta ---------------------------------------------------------
@@ -277,7 +279,7 @@ def check_logsumexp(student: Any, *, cases: Sequence[LseCase] = LOGSUMEXP_CASES,
         passed("LogSumExp: forward and backward are finite at x = 1000, -1000 and mixed.")
     _saves(student, LOGSUMEXP_SAVES, drawn[:2])
     passed("LogSumExp saves exactly x and its output, nothing on ctx.")
-    _runs_strided(student, "LogSumExp", max(drawn, key=lambda args: args[0].dim()))
+    _runs_strided(student, "LogSumExp", max(drawn, key=lambda args: args[0].dim()), claim=False)
     check_function(student, spec, seed=seed)
 
 
@@ -484,7 +486,7 @@ def check_fixed_point(student: Any, *, cases: Sequence[FixedCase] = FIXED_POINT_
     passed(f"TanhFixedPoint: forward converges to the fixed point ({len(drawn)} inputs).")
     _saves(student, FIXED_POINT_SAVES, drawn[:2])
     passed("TanhFixedPoint saves exactly z and W, nothing on ctx.")
-    _runs_strided(student, "TanhFixedPoint", max(drawn, key=lambda args: args[0].dim()))
+    _runs_strided(student, "TanhFixedPoint", max(drawn, key=lambda args: args[0].dim()), claim=False)
     check_function(student, spec, seed=seed)
     note(f"(the reference differentiates through {UNROLLED} unrolled iterations)")
 

@@ -222,6 +222,15 @@ def hvp(f, x, v):
     wrong("graph_answers", "thinks an unconnected gradient still has a node", ('"h": "0"', '"h": "1"')),
     wrong("graph_answers", "thinks an unused output's gradient arrives as None", ('"i": "0"', '"i": "None"')),
     wrong("graph_answers", "counts the saved zeros as the Function's saved tensors", ('"j": "2"', '"j": "4"')),
+    # Claims only these refute (test_every_claim_a_check_prints_is_refuted_by_a_known_wrong_answer)
+    wrong("hvp", "reuses the caller's x when it requires grad, and backward() fills its .grad", source='''
+def hvp(f, x, v):
+    if not x.requires_grad:
+        x = x.detach().requires_grad_()
+    (g,) = torch.autograd.grad(f(x), x, create_graph=True)
+    (g * v).sum().backward()
+    return x.grad
+'''),
 ]
 
 VARIANTS = [

@@ -201,6 +201,9 @@ class PolarToCartesian(torch.autograd.Function):
     wrong("when_to_write", "thinks the detach trick still needs a Function", ('"d": "composite"', '"d": "function"')),
     wrong("when_to_write", "thinks clipping a gradient needs a backward of its own",
           ('"g": "composite"', '"g": "function"')),
+    # Claims only these refute (test_every_claim_a_check_prints_is_refuted_by_a_known_wrong_answer)
+    wrong("linear", "a bias gradient whatever bias is (one for bias=None, which is not a tensor)",
+          ("if ctx.needs_input_grad[2]:  # False when bias is None\n            grad_bias", "grad_bias")),
 ]
 
 VARIANTS = [

@@ -105,6 +105,9 @@ def _fused_layer():
 
 LinearReLU = _fused_layer()
 '''),
+    # Claims only these refute (test_every_claim_a_check_prints_is_refuted_by_a_known_wrong_answer)
+    wrong("linear_relu", "z computed in float32 to save memory (inf once |z| passes 3e38)",
+          ("z = x @ weight.T + bias\n", "z = (x.float() @ weight.float().T + bias.float()).to(x.dtype)\n")),
 ]
 
 VARIANTS = [

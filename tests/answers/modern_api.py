@@ -216,6 +216,10 @@ class SquaredDistance(torch.autograd.Function):
            "    def setup_context(ctx, inputs, output):\n        softmax_setup_context(ctx, inputs, output)\n",
            "    @staticmethod\n    def forward(ctx, x):\n        y = softmax(x)\n        ctx.save_for_backward(y)\n"
            "        return y\n")),
+    # Claims only these refute (test_every_claim_a_check_prints_is_refuted_by_a_known_wrong_answer)
+    wrong("clipped_relu", "backward reads grad_output.data (old style: torch.func's jacrev cannot run it)",
+          ("return grad_output * ((x > 0) & (x < ctx.clip)), None",
+           "return grad_output.data * ((x > 0) & (x < ctx.clip)), None")),
 ]
 
 VARIANTS = [

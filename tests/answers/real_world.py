@@ -255,6 +255,12 @@ class TanhFixedPoint(torch.autograd.Function):
            "h = self.hidden(x)\n        Swish.apply(h, self.beta)\n        return self.out(h)")),
     wrong("swish_classifier", "the right class's logit detached: right value, wrong gradient",
           ("logits.gather(1, y[:, None])", "logits.detach().gather(1, y[:, None])")),
+    # Claims only these refute (test_every_claim_a_check_prints_is_refuted_by_a_known_wrong_answer)
+    wrong("swish", "β's gradient summed per channel through .view(N, C, -1): fails on an x not contiguous in memory", (
+        "grad_beta = (grad_output * x * x * s * (1 - s)).sum_to_size(beta.shape)",
+        ("grad_beta = (x * x * s * (1 - s) * grad_output).view(x.shape[0], beta.numel(), -1)"
+         ".sum((0, 2)).view(beta.shape)"),
+    )),
 ]
 
 VARIANTS = [

@@ -158,6 +158,16 @@ class Softmax_(torch.autograd.Function):
           ('"e": "silently wrong"', '"e": "works"')),
     wrong("what_happens", "thinks a pack hook keeps the version check", ('"g": "works"', '"g": "error"')),
     wrong("what_happens", "thinks .double() always copies", ('"h": "silently wrong"', '"h": "works"')),
+    # Claims only these refute (test_every_claim_a_check_prints_is_refuted_by_a_known_wrong_answer)
+    wrong("softmax_inplace", "x = x.contiguous() after the first in-place step (a copy for a column slice)",
+          source=_SOFTMAX.format(forward='''\
+        x.sub_(x.amax(dim=-1, keepdim=True))
+        x = x.contiguous()  # exp and sum run faster on contiguous memory
+        x.exp_()
+        x.div_(x.sum(dim=-1, keepdim=True))
+        ctx.mark_dirty(x)
+        ctx.save_for_backward(x)
+        return x''')),
 ]
 
 VARIANTS = [
