@@ -165,6 +165,16 @@ SELF_STUDY_TEXT = [
     (r"The hidden checks(?: \([^)]*\))? are graded when you hand in\.",
      "A graded class also runs hidden checks on other inputs; this edition has none, so a passing check is a good "
      "sign, not a proof."),
+    (r"and a hidden part with other inputs and fresh random values, graded when you hand in; the design write-up "
+     r"is read and graded by your instructor, with the rubric shown above it\.",
+     "and, in a graded class, a hidden part with other inputs (not in this edition: a passing check is a good "
+     "sign, not a proof); grade your design write-up yourself, with the rubric shown above it."),
+    (r"The hidden checks \(other inputs, fresh random values\) are graded when you hand in, and your design "
+     r"write-up is graded by a person \(4 points, not counted here\)\.",
+     "A graded class also runs hidden checks on other inputs, and a person grades its design write-ups (4 points, "
+     "not counted here)."),
+    (r"Your instructor reads it in formgrader and grades it with this rubric, one point a row:",
+     "In a graded class a person grades it with this rubric, one point a row; grade yours the same way:"),
     (r"and a hidden part with other inputs and fresh random values, graded when you hand in\.",
      "and, in a graded class, a hidden part with other inputs (not in this edition: a passing check is a good "
      "sign, not a proof)."),
