@@ -89,9 +89,12 @@ def test_an_instructor_grades_the_write_up_by_hand_and_the_total_counts_it(cours
             score.fill(f"{MANUAL:g}")
             page.locator(f"textarea#{WRITEUP}-comment").fill("Kept, backward and the other design: full. Cost: "
                                                               "no number from section 6, half a point.")
-            with page.expect_response(lambda r: "/formgrader/api/grade/" in r.url and r.request.method == "PUT"):
+            # as long as the other waits: a loaded machine's formgrader took over 30 s to answer a save
+            with page.expect_response(lambda r: "/formgrader/api/grade/" in r.url and r.request.method == "PUT",
+                                      timeout=60_000):
                 page.keyboard.press("Tab")  # as a person leaves the field: formgrader saves it
-            with page.expect_response(lambda r: "/formgrader/api/comment/" in r.url and r.request.method == "PUT"):
+            with page.expect_response(lambda r: "/formgrader/api/comment/" in r.url and r.request.method == "PUT",
+                                      timeout=60_000):
                 page.keyboard.press("Tab")
             browser.element_screenshot(answer, "manual-grading-write-up")
             page.goto(f"{base}/formgrader/gradebook/{SLUG}/{SLUG}?token={browser.TOKEN}")
