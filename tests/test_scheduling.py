@@ -56,3 +56,14 @@ def test_costs_json_sums_each_units_phases_over_the_workers_and_keeps_units_of_f
     (tmp_path / "gw1.jsonl").write_text("\n".join([phase("gw1", "b", 3.0), phase("gw1", "c", 4.9),
                                                    phase("gw1", "a", 4.0)]) + "\n")
     assert list(cost.unit_costs(tmp_path).items()) == [("a", 7), ("b", 7)]
+
+
+def test_the_machines_busy_time_is_shared_by_the_tests_running_then():
+    """tests/cost.py: between two readings of the machine's counter, the busy seconds go in
+    equal parts to the phases running then, a sandbox's work (no phase's own CPU) included."""
+    a = {"test": "a", "start": 0.0, "wall": 10.0, "machine": [100.0, 118.0]}  # 18 s busy in its 10 s
+    b = {"test": "b", "start": 5.0, "wall": 10.0, "machine": [106.0, 120.0]}
+    shares = cost.machine_shares([a, b])
+    # 0–5 s: a alone (6 s busy); 5–10 s: both (12 s, 6 each); 10–15 s: b alone (2 s)
+    assert shares == {0: 12.0, 1: 8.0}
+    assert cost.machine_shares([dict(a, machine=[None, None])]) == {}
