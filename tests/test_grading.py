@@ -204,26 +204,6 @@ def test_each_exercise_has_three_wrong_answers_and_an_unusual_right_one(slug):
             assert answer.apply(exercise.solution) != exercise.solution, answer.label
 
 
-# Claims known to be refuted by no wrong answer yet (cell -> words of its ✔ line), with why:
-# each is a debt, and the test fails when one is paid (remove it here) as when a new one appears.
-UNREFUTED = {
-    # Random programs also pass one value to both inputs of an operation; no realistic mistake
-    # in an operator's propagate found so far fails only there.
-    "01_tape_autograd": {("check_basic_ops_hidden", "random programs using mul, add, sum, expand"),
-                         ("check_more_ops_hidden", "random programs using exp, sin, cos"),
-                         ("check_more_ops_hidden", "random programs using matmul, exp")},
-    # The whole base (a transpose, a permute) after the column slice: every known mistake fails
-    # on the slice first.
-    "06_views_and_inplace": {("check_softmax_", "(the whole base)"), ("check_softmax_hidden", "(the whole base)")},
-    # The later blocks after the dropout block: every known mistake fails there first.
-    "08_memory_checkpointing": {("check_checkpoint", "with run = sin(x * s) * s"),
-                                ("check_checkpoint_hidden", "with run = sin(x * s) * s"),
-                                *((cell, block)
-                                  for cell in ("check_hooked_checkpoint", "check_hooked_checkpoint_hidden")
-                                  for block in ("with run = x + tanh", "with run = sin(x * s) * s"))},
-}
-
-
 def _claims(nb: nbformat.NotebookNode) -> dict[str, list[str]]:
     """{a graded cell's grade_id: the ✔ lines its check printed, in order}."""
     found = {}
@@ -241,7 +221,9 @@ def test_every_claim_a_check_prints_is_refuted_by_a_known_wrong_answer(graded):
     answer that printed the model's first k ✔ lines of a cell and then lost its points
     refuted claim k + 1. A claim no wrong answer refutes is asserted by nothing that can
     fail: a missing wrong answer or a check that claims more than it checks. (A line is one
-    claim here: a line's several clauses share their wrong answers.)"""
+    claim here: a line's several clauses share their wrong answers. A check that repeats its
+    checks on another input no mistake tells apart folds their lines into a note:
+    report.folded.)"""
     claims = _claims(notebook(graded.course, "autograded", "correct", graded.slug))
     refuted: dict[str, set[int]] = {cell: set() for cell in claims}
     for student, submission in graded.submissions.items():
@@ -256,9 +238,5 @@ def test_every_claim_a_check_prints_is_refuted_by_a_known_wrong_answer(graded):
                 refuted[cell].add(shared)
     unrefuted = [(cell, line) for cell, lines in claims.items() for k, line in enumerate(lines)
                  if k not in refuted[cell]]
-    known = UNREFUTED.get(graded.slug, set())
-    new = [f"{cell}: {line}" for cell, line in unrefuted if not any(c == cell and w in line for c, w in known)]
-    paid = [f"{cell}: {words}" for cell, words in known
-            if not any(c == cell and words in line for c, line in unrefuted)]
-    assert new == [], f"{graded.slug}: claims no known wrong answer fails:\n" + "\n".join(new)
-    assert paid == [], f"{graded.slug}: now refuted, remove from UNREFUTED:\n" + "\n".join(paid)
+    assert unrefuted == [], f"{graded.slug}: claims no known wrong answer fails:\n" + "\n".join(
+        f"{cell}: {line}" for cell, line in unrefuted)

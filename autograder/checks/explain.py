@@ -101,6 +101,13 @@ def error(
             "a tensor is created without `device=`: build new tensors with "
             "`torch.zeros_like(x)` / `x.new_zeros(...)` or pass `device=x.device`.",
         )
+    if re.search(r"same dtype|expected scalar type|Found dtype \w+ but expected", message):
+        return (
+            f"{stage} mixes dtypes: {first_line}",
+            "a step computes in another dtype than the inputs' (a `.double()`, a tensor or constant made without "
+            "`dtype=`) and meets a tensor of the inputs' dtype: keep every step in the inputs' dtype "
+            "(`torch.zeros_like(x)`, `dtype=x.dtype`); given float32, compute in float32.",
+        )
     if "modified by an inplace operation" in message:
         return (
             f"{stage} failed: a tensor saved for backward was modified in place",

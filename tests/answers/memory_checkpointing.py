@@ -117,6 +117,8 @@ MUTANTS += [
           ("            output = ctx.run(*inputs)\n",
            "            output = ctx.run(*[t.double() for t in inputs])\n"
            "        grad_output = grad_output.double()\n")),
+    wrong("hooked_checkpoint", "recomputes run in float64 (for accuracy: the graph's float32 tensors get float64 "
+          "ones back)", ("            run(*inputs)\n", "            run(*[t.double() for t in inputs])\n")),
 ]
 
 VARIANTS = [
