@@ -20,7 +20,7 @@ WORK ?= work
 PUBLIC ?= public
 ROOT_FLAG = $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
-.PHONY: test tests check quick-tests lint lab instructor release publish autograde bench compare-stock verdicts fuzz bench-function-check gpu-check gpu-wheels lock system-tools test-tools hub-tools clean
+.PHONY: test tests check quick-tests lint lab instructor release publish autograde bench compare-stock verdicts fuzz faults bench-function-check gpu-check gpu-wheels lock system-tools test-tools hub-tools clean
 
 # Lint runs beside the tests (mypy's minute on one core while the test workers start); a
 # lint error fails the run when the tests end.
@@ -110,8 +110,14 @@ fuzz: $(STAMP) system-tools
 verdicts: $(STAMP) system-tools
 	$(BIN)/python -m pytest tests/test_verdicts.py --verdicts-all
 
+# `make test` kills the grader 7 times (4 at random moments, one at each step of a save);
+# this 21 times (12 at random, each step at the first three saves).
+faults: $(STAMP) system-tools
+	$(BIN)/python -m pytest -n 0 tests/test_engine_faults.py --faults-all
+
 # `make test` compares the engine's scores with stock nbgrader's on a sample covering every
-# exercise; this compares them on every known answer (stock nbgrader: about 20 minutes).
+# kind of graded cell (three notebooks); this compares them on every known answer of every
+# notebook (stock nbgrader: about 20 minutes).
 compare-stock: $(STAMP) system-tools
 	$(BIN)/python -m pytest --timeout 0 tests/test_engine_scores.py --stock-all
 

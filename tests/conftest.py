@@ -33,6 +33,8 @@ def pytest_addoption(parser):
     parser.addoption("--verdicts-wrong-only", action="store_true",
                      help="test_verdicts.py on the model solutions and the first wrong answer of each exercise "
                           "(`make check`)")
+    parser.addoption("--faults-all", action="store_true",
+                     help="test_engine_faults.py kills the grader 21 times, not 7 (`make faults`)")
     parser.addoption("--fuzz", type=int, default=24,
                      help="mutated notebooks graded by test_fuzz.py (`make fuzz`: 1000)")
     parser.addoption("--fuzz-seed", type=int, default=20261127, help="the seed test_fuzz.py generates them from")

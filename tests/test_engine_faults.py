@@ -30,7 +30,9 @@ from grading import Course
 pytestmark = pytest.mark.slow
 SLUG = "03_function_basics"
 STUDENTS = [f"s{k:02d}" for k in range(12)]
-RANDOM_KILLS, SAVE_KILLS = 12, 9  # at least 20 in all
+# `make faults` (--faults-all): 12 kills at random moments and 9 while saving (each step at the
+# 1st, 2nd and 3rd save); `make test`: 4 at random and one at each step (the 2nd save).
+KILLS = {True: (12, (1, 2, 3)), False: (4, (2,))}
 # A grader that kills itself at one step of its `at`-th save: before the gradebook
 # transaction, inside it (writing the autograded notebooks), or after its commit and
 # before the folder moves into autograded/.
@@ -87,11 +89,12 @@ def courses(tmp_path_factory):
     return course, clean
 
 
-def test_killed_at_random_and_while_saving_it_ends_as_a_clean_run(courses):
+def test_killed_at_random_and_while_saving_it_ends_as_a_clean_run(courses, pytestconfig):
     course, clean = courses
     rng = random.Random(1)
-    faults = [("random", rng.uniform(0.5, 12.0)) for _ in range(RANDOM_KILLS)]
-    faults += [(step, at) for step in ("before", "inside", "after commit") for at in (1, 2, 3)]
+    random_kills, saves = KILLS[pytestconfig.getoption("--faults-all")]
+    faults = [("random", rng.uniform(0.5, 12.0)) for _ in range(random_kills)]
+    faults += [(step, at) for step in ("before", "inside", "after commit") for at in saves]
     rng.shuffle(faults)
     first_seen: dict[str, int] = {}
     for kind, when in faults:
