@@ -88,10 +88,17 @@ exec({search!r})
 
 def _public(patterns: set[str], tmp_path: Path) -> set[str]:
     """Those of `patterns` that this machine has anyway, outside the course and this package
-    (torch's own code, the system's): searched as the submission searches."""
+    (torch's own code, the system's): searched as the submission searches. Nothing of the
+    repository but its virtual environment is public (pytest puts tests/ and the root on
+    sys.path: the known answers there hold solutions' and keys' lines)."""
     (tmp_path / "patterns.txt").write_text("\n".join(sorted(patterns)))
+    repository, environment = authoring.ROOT.resolve(), Path(sys.prefix).resolve()
+
+    def public(path: Path) -> bool:
+        return path.is_dir() and (not path.is_relative_to(repository) or path.is_relative_to(environment))
+
     roots = sorted({str(Path(r).resolve()) for r in ["/etc", "/usr/local", sys.prefix, sys.base_prefix, *sys.path]
-                    if r and Path(r).is_dir()})
+                    if r and public(Path(r).resolve())})
     pruned = [str(PACKAGE), str(authoring.ROOT / "solutions"), str(tmp_path)]
     done = subprocess.run([sys.executable, "-c", f"roots, pruned = {roots!r}, {pruned!r}\n" + SEARCH],
                           capture_output=True, text=True, cwd=tmp_path)
