@@ -115,11 +115,12 @@ verdicts: $(STAMP) system-tools
 faults: $(STAMP) system-tools
 	$(BIN)/python -m pytest -n 0 tests/test_engine_faults.py --faults-all
 
-# `make test` compares the engine's scores with stock nbgrader's on a sample covering every
-# kind of graded cell (three notebooks); this compares them on every known answer of every
-# notebook (stock nbgrader: about 20 minutes).
+# `make test` compares the engine's scores with stock nbgrader's, and reads stock's feedback
+# pages, on a sample covering every kind of graded cell (three notebooks); this on every
+# known answer of every notebook (stock nbgrader: about 20 minutes).
 compare-stock: $(STAMP) system-tools
-	$(BIN)/python -m pytest --timeout 0 tests/test_engine_scores.py --stock-all
+	$(BIN)/python -m pytest --timeout 0 tests/test_engine_scores.py tests/test_grading.py --stock-all \
+	  -k "stock_nbgraders or feedback_has_scores"
 
 # The CUDA path, on a GPU machine whose python3 has torch and nothing else of ours (README,
 # "Checking on a GPU"): most valuable first, within a time budget (ARGS="--budget 540", the

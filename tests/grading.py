@@ -207,6 +207,12 @@ def packed(kind: str, answers: list, wrong: bool) -> list[Submission]:
             for k, row in enumerate(rows)]
 
 
+# The notebooks stock nbgrader runs on in `make test` (`--stock-all`: every one): together
+# they have every kind of graded cell and answer — Functions' visible and hidden checks, a
+# quiz scored in part (03); answers of an earlier notebook imported (02); a design and a
+# written answer a person grades, capstone checks (11).
+COVERING = ("02_higher_order_and_fusion", "03_function_basics", "11_capstone")
+
 @dataclass
 class ClassBatch:
     """Every known answer of one notebook, submitted, and graded by `autograder grade`."""

@@ -14,13 +14,9 @@ import pytest
 from nbgrader.api import Gradebook
 
 from autograder import authoring
-from grading import ClassBatch, Course
+from grading import COVERING, ClassBatch, Course
 
 SLUGS = authoring.assignments()
-# Every kind of graded cell and answer, in the notebooks where stock nbgrader is quickest:
-# Functions' visible and hidden checks, a quiz scored in part (03); answers of an earlier
-# notebook imported (02); a design and a written answer a person grades, capstone checks (11).
-COVERING = ("02_higher_order_and_fusion", "03_function_basics", "11_capstone")
 pytestmark = pytest.mark.slow
 
 
