@@ -60,14 +60,14 @@ RUNNER = textwrap.dedent('''
 
 
 def _base() -> Path:
-    if not (BASE / ".complete").exists():
+    if not (BASE / ".linked").exists():  # (an older BASE, a venv with torch installed, is replaced)
         shutil.rmtree(BASE, ignore_errors=True)
         BASE.mkdir()
         for dist in _needed("torch"):
             for top in {Path(f).parts[0] for f in dist.files or ()} - {"..", "__pycache__"}:
                 if not (BASE / top).exists():  # its packages, modules and metadata
                     (BASE / top).symlink_to(dist.locate_file(top))
-        (BASE / ".complete").touch()
+        (BASE / ".linked").touch()
     return BASE
 
 

@@ -282,7 +282,7 @@ def _names(ops: Sequence[Any]) -> list[str]:
     return [fn.__name__.removeprefix("operator_") for fn in ops]
 
 
-# --- one operation's entry: check_ops, check_exp_mul ------------------
+# --- one operation's entry: check_ops, check_exp_mul ---------------------------------------------
 
 def _candidates(op: str, xs: Sequence[torch.Tensor], extra: tuple) -> list[tuple[str, torch.Tensor]]:
     """What an entry of `op` may output: (name, value) of the result first, then the
