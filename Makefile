@@ -20,7 +20,7 @@ WORK ?= work
 PUBLIC ?= public
 ROOT_FLAG = $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
-.PHONY: test tests check quick-tests lint lab instructor release publish autograde bench compare-stock verdicts fuzz faults bench-function-check gpu-check gpu-wheels lock system-tools test-tools hub-tools clean
+.PHONY: test tests check quick-tests lint lab instructor release publish autograde bench compare-stock classes verdicts fuzz faults bench-function-check gpu-check gpu-wheels lock system-tools test-tools hub-tools clean
 
 # Lint runs beside the tests (mypy's minute on one core while the test workers start); a
 # lint error fails the run when the tests end.
@@ -109,6 +109,12 @@ fuzz: $(STAMP) system-tools
 # answers (the first wrong and right answer of each exercise); this on every one of them.
 verdicts: $(STAMP) system-tools
 	$(BIN)/python -m pytest tests/test_verdicts.py --verdicts-all
+
+# `make test` grades every known answer of three notebooks (tests/grading.py's COVERING) end
+# to end and a wrong and a right answer of each other exercise; this every answer of every
+# notebook, and asks of each notebook that a wrong answer refutes every ✔ line its checks print.
+classes: $(STAMP) system-tools
+	$(BIN)/python -m pytest --timeout 0 tests/test_grading.py tests/test_hidden_inputs.py --classes-all
 
 # `make test` kills the grader 7 times (4 at random moments, one at each step of a save);
 # this 21 times (12 at random, each step at the first three saves).

@@ -27,6 +27,9 @@ def seeded():
 def pytest_addoption(parser):
     parser.addoption("--stock-all", action="store_true",
                      help="compare with stock nbgrader on every known answer, not on a sample (`make compare-stock`)")
+    parser.addoption("--classes-all", action="store_true",
+                     help="grade every known answer of every notebook end to end, not only grading.COVERING's "
+                          "(the others: the first wrong and right answer of each exercise) (`make classes`)")
     parser.addoption("--verdicts-all", action="store_true",
                      help="test_verdicts.py on every known answer, not the first of each kind per exercise "
                           "(`make verdicts`)")
@@ -92,16 +95,18 @@ def _exercises_of(params: dict, labels: dict[str, set[str]]) -> set[str]:
 
 
 @pytest.fixture(scope="session")
-def class_batches(tmp_path_factory):
-    """slug -> its class batch (the model solution, every known answer, the released
-    notebook), graded once per test worker by `autograder grade --feedback`."""
-    from grading import ClassBatch
+def class_batches(tmp_path_factory, pytestconfig):
+    """slug -> its class batch (the model solution, its known answers — every one or the
+    sample: grading.every_answer_graded —, the released notebook), graded once per test
+    worker by `autograder grade --feedback`."""
+    from grading import ClassBatch, every_answer_graded
 
     found: dict[str, ClassBatch] = {}
 
     def batch(slug: str) -> ClassBatch:
         if slug not in found:
-            found[slug] = ClassBatch.graded(slug, tmp_path_factory.mktemp(f"batch-{slug}"))
+            found[slug] = ClassBatch.graded(slug, tmp_path_factory.mktemp(f"batch-{slug}"),
+                                            every_answer_graded(slug, pytestconfig))
         return found[slug]
 
     return batch

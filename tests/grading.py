@@ -207,11 +207,18 @@ def packed(kind: str, answers: list, wrong: bool) -> list[Submission]:
             for k, row in enumerate(rows)]
 
 
-# The notebooks stock nbgrader runs on in `make test` (`--stock-all`: every one): together
-# they have every kind of graded cell and answer — Functions' visible and hidden checks, a
-# quiz scored in part (03); answers of an earlier notebook imported (02); a design and a
-# written answer a person grades, capstone checks (11).
+# The notebooks stock nbgrader runs on in `make test` (`--stock-all`: every one), and whose
+# class batches grade every known answer there (`--classes-all`: every notebook's; the others
+# grade the first wrong and right answer of each exercise): together they have every kind of
+# graded cell and answer — Functions' visible and hidden checks, a quiz scored in part (03);
+# answers of an earlier notebook imported (02); a design and a written answer a person
+# grades, capstone checks (11).
 COVERING = ("02_higher_order_and_fusion", "03_function_basics", "11_capstone")
+
+
+def every_answer_graded(slug: str, config: pytest.Config) -> bool:
+    """Whether `slug`'s class batch grades every known answer in this run, not the sample."""
+    return slug in COVERING or any(config.getoption(o) for o in ("--classes-all", "--stock-all"))
 
 @dataclass
 class ClassBatch:
@@ -222,6 +229,7 @@ class ClassBatch:
     exercises: list[Exercise]
     submissions: dict[str, Submission]
     result: subprocess.CompletedProcess
+    every: bool = True  # every known answer graded, not the sample (every_answer_graded)
     scores_read: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict, repr=False)
 
     # What stock nbgrader also grades in `make test`: a wrong and a right answer of every
@@ -230,16 +238,23 @@ class ClassBatch:
     SAMPLE = ("wrong0", "right0")
 
     @staticmethod
-    def graded(slug: str, root: Path) -> "ClassBatch":
+    def submissions_of(slug: str, every: bool) -> list[Submission]:
+        """The model solution, and every known answer packed (`every`) or only the first
+        submission of each kind: the first wrong and the first right answer of each exercise."""
         from answers import for_notebook
 
         module = for_notebook(slug)
+        kept = None if every else 1
+        return [Submission("correct"), *packed("wrong", module.MUTANTS, True)[:kept],
+                *packed("right", module.VARIANTS, False)[:kept]]
+
+    @staticmethod
+    def graded(slug: str, root: Path, every: bool = True) -> "ClassBatch":
         course = Course(root, [slug])
         nb = nbformat.read(authoring.solution_path(slug), as_version=4)
         found = exercises(nb)
         model = {e.answer_id: e.solution for e in found}
-        submissions = [Submission("correct"), *packed("wrong", module.MUTANTS, True),
-                       *packed("right", module.VARIANTS, False)]
+        submissions = ClassBatch.submissions_of(slug, every)
         for sub in submissions:  # each writes the answers a person grades too: they stay for formgrader
             course.submit(sub.student, slug, {**written_answers(nb), **model,
                                               **{ex: a.apply(model[ex]) for ex, a in sub.answers.items()}})
@@ -248,7 +263,7 @@ class ClassBatch:
         autograder = Path(sys.executable).with_name("autograder")
         result = subprocess.run([str(autograder), "grade", slug, "--feedback"], cwd=root, capture_output=True,
                                 text=True, timeout=1800)
-        return ClassBatch(slug, course, found, {s.student: s for s in submissions}, result)
+        return ClassBatch(slug, course, found, {s.student: s for s in submissions}, result, every)
 
     def scores(self, student: str) -> dict[str, tuple[float, float]]:
         """Course.scores, read from the gradebook once per submission (hundreds of tests ask)."""

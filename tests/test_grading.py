@@ -1,11 +1,13 @@
-"""The notebooks' own tests, graded end to end: every known answer, graded by `autograder grade`.
+"""The notebooks' own tests, graded end to end: known answers, graded by `autograder grade`.
 
 For every notebook: the model solution gets full points; the released notebook, submitted
 untouched, gets zero on every graded cell; every known wrong answer (tests/answers) loses
 its exercise's points; every unusual correct answer keeps them; only answers worth a
 person's look are flagged. Answers of different exercises share submissions (submission k
 carries the k-th wrong answer of each exercise), so each exercise must be graded
-independently. That the engine's scores are stock nbgrader's is test_engine_scores.py's.
+independently. `make test` grades every known answer of grading.COVERING's notebooks and the
+first wrong and right answer of each other exercise; `make classes` every one of every
+notebook. That the engine's scores are stock nbgrader's is test_engine_scores.py's.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from nbgrader.api import Gradebook
 from answers import for_notebook
 from autograder import authoring
 from engine_course import notebook
-from grading import COVERING, exercises, written_answers
+from grading import COVERING, ClassBatch, every_answer_graded, exercises, written_answers
 
 SLUGS = authoring.assignments()
 WRITTEN = {slug: list(found) for slug in SLUGS  # the markdown answers a person grades, by notebook
@@ -51,17 +53,25 @@ def test_released_notebook_gets_zero_everywhere(graded):
     assert scores and all(score == 0 for score, _ in scores.values()), scores
 
 
-def _known_answers():
+def pytest_generate_tests(metafunc):
+    """test_a_known_answer_scores_as_it_should: each known answer the class batches grade in
+    this run (grading.every_answer_graded)."""
+    if metafunc.definition.originalname == "test_a_known_answer_scores_as_it_should":
+        metafunc.parametrize("slug, wrong, answer", list(_known_answers(metafunc.config)))
+
+
+def _known_answers(config: pytest.Config):
     for slug in SLUGS:
+        graded = [a for s in ClassBatch.submissions_of(slug, every_answer_graded(slug, config))
+                  for a in s.answers.values()]
         module = for_notebook(slug)
         for wrong, answers in ((True, module.MUTANTS), (False, module.VARIANTS)):
-            for answer in answers:
+            for answer in filter(graded.__contains__, answers):
                 kind = "wrong" if wrong else "right"
                 yield pytest.param(slug, wrong, answer, id=f"{slug}-{answer.exercise}-{kind}-{answer.label}")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("slug, wrong, answer", list(_known_answers()))
 def test_a_known_answer_scores_as_it_should(slug, wrong, answer, class_batches):
     """Each known answer on its own (`pytest -m GRADE_ID` runs those of one exercise): a wrong
     one loses points of its exercise, an unusual right one keeps them all. Device bugs that
@@ -227,6 +237,8 @@ def test_every_claim_a_check_prints_is_refuted_by_a_known_wrong_answer(graded):
     claim here: a line's several clauses share their wrong answers. A check that repeats its
     checks on another input no mistake tells apart folds their lines into a note:
     report.folded.)"""
+    if not graded.every:
+        pytest.skip(f"{graded.slug}: the claims need every known wrong answer graded (make classes)")
     claims = _claims(notebook(graded.course, "autograded", "correct", graded.slug))
     refuted: dict[str, set[int]] = {cell: set() for cell in claims}
     for student, submission in graded.submissions.items():
