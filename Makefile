@@ -110,13 +110,13 @@ fuzz: $(STAMP) system-tools
 verdicts: $(STAMP) system-tools
 	$(BIN)/python -m pytest tests/test_verdicts.py --verdicts-all
 
-# `make test` grades every known answer of three notebooks (tests/grading.py's COVERING) end
+# `make test` grades every known answer of two notebooks (tests/grading.py's GRADED_WHOLE) end
 # to end and a wrong and a right answer of each other exercise; this every answer of every
 # notebook, and asks of each notebook that a wrong answer refutes every ✔ line its checks print.
 classes: $(STAMP) system-tools
 	$(BIN)/python -m pytest --timeout 0 tests/test_grading.py tests/test_hidden_inputs.py --classes-all
 
-# `make test` kills the grader 7 times (4 at random moments, one at each step of a save);
+# `make test` kills the grader 5 times (2 at random moments, one at each step of a save);
 # this 21 times (12 at random, each step at the first three saves).
 faults: $(STAMP) system-tools
 	$(BIN)/python -m pytest -n 0 tests/test_engine_faults.py --faults-all

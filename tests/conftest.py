@@ -28,7 +28,7 @@ def pytest_addoption(parser):
     parser.addoption("--stock-all", action="store_true",
                      help="compare with stock nbgrader on every known answer, not on a sample (`make compare-stock`)")
     parser.addoption("--classes-all", action="store_true",
-                     help="grade every known answer of every notebook end to end, not only grading.COVERING's "
+                     help="grade every known answer of every notebook end to end, not only grading.GRADED_WHOLE's "
                           "(the others: the first wrong and right answer of each exercise) (`make classes`)")
     parser.addoption("--verdicts-all", action="store_true",
                      help="test_verdicts.py on every known answer, not the first of each kind per exercise "

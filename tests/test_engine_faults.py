@@ -31,8 +31,8 @@ pytestmark = pytest.mark.slow
 SLUG = "03_function_basics"
 STUDENTS = [f"s{k:02d}" for k in range(12)]
 # `make faults` (--faults-all): 12 kills at random moments and 9 while saving (each step at the
-# 1st, 2nd and 3rd save); `make test`: 4 at random and one at each step (the 2nd save).
-KILLS = {True: (12, (1, 2, 3)), False: (4, (2,))}
+# 1st, 2nd and 3rd save); `make test`: 2 at random and one at each step (the 2nd save).
+KILLS = {True: (12, (1, 2, 3)), False: (2, (2,))}
 # A grader that kills itself at one step of its `at`-th save: before the gradebook
 # transaction, inside it (writing the autograded notebooks), or after its commit and
 # before the folder moves into autograded/.

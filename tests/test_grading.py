@@ -5,8 +5,8 @@ untouched, gets zero on every graded cell; every known wrong answer (tests/answe
 its exercise's points; every unusual correct answer keeps them; only answers worth a
 person's look are flagged. Answers of different exercises share submissions (submission k
 carries the k-th wrong answer of each exercise), so each exercise must be graded
-independently. `make test` grades every known answer of grading.COVERING's notebooks and the
-first wrong and right answer of each other exercise; `make classes` every one of every
+independently. `make test` grades every known answer of grading.GRADED_WHOLE's notebooks and
+the first wrong and right answer of each other exercise; `make classes` every one of every
 notebook. That the engine's scores are stock nbgrader's is test_engine_scores.py's.
 """
 from __future__ import annotations

@@ -88,9 +88,10 @@ exec({search!r})
 
 def _public(patterns: set[str], tmp_path: Path) -> set[str]:
     """Those of `patterns` that this machine has anyway, outside the course and this package
-    (torch's own code, the system's): searched as the submission searches. Nothing of the
-    repository but its virtual environment is public (pytest puts tests/ and the root on
-    sys.path: the known answers there hold solutions' and keys' lines)."""
+    (torch's own code, the system's): searched as the submission searches, Debian's own files
+    left out as it leaves them out (all of /usr took minutes). Nothing of the repository but
+    its virtual environment is public (pytest puts tests/ and the root on sys.path: the known
+    answers there hold solutions' and keys' lines)."""
     (tmp_path / "patterns.txt").write_text("\n".join(sorted(patterns)))
     repository, environment = authoring.ROOT.resolve(), Path(sys.prefix).resolve()
 
@@ -99,7 +100,7 @@ def _public(patterns: set[str], tmp_path: Path) -> set[str]:
 
     roots = sorted({str(Path(r).resolve()) for r in ["/etc", "/usr/local", sys.prefix, sys.base_prefix, *sys.path]
                     if r and public(Path(r).resolve())})
-    pruned = [str(PACKAGE), str(authoring.ROOT / "solutions"), str(tmp_path)]
+    pruned = [str(PACKAGE), str(authoring.ROOT / "solutions"), str(tmp_path), *SYSTEM]
     done = subprocess.run([sys.executable, "-c", f"roots, pruned = {roots!r}, {pruned!r}\n" + SEARCH],
                           capture_output=True, text=True, cwd=tmp_path)
     leaked = [line.removeprefix("LEAK ") for line in done.stdout.splitlines() if line.startswith("LEAK ")]
