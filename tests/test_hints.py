@@ -35,7 +35,6 @@ import pytest
 from autograder import authoring, hints
 
 SLUGS = authoring.assignments()
-# What other changes are still rewriting: {(slug, detector's name): why}; empty when none.
 # Notebooks where deriving a gradient's formula is the exercise: no class hint states one.
 DERIVED = ("04_gradient_patterns", "07_double_backward", "09_real_world")
 
