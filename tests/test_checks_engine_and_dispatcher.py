@@ -133,6 +133,8 @@ def test_a_step_that_misses_earlier_micro_batches_is_told_so():
     ("follows the tensor, not its block", ["still alive", "watch the block"]),
     ("counts every block it sees, the inputs' too", ["not its inputs"]),
     ("logs only the operations that create memory", ["log each op once"]),
+    ("is the grader's own meter, imported", ["exercises.engine_and_dispatcher.Measure", "write BackwardMemory"]),
+    ("08's PeakMemory with a log added", ["student.memory.PeakMemory", "not a dispatch mode of yours"]),
 ])
 def test_a_wrong_meter_is_told_why(label, needles):
     _fails(ex.check_backward_memory, answer("backward_memory", label), *needles)

@@ -47,8 +47,10 @@ KNOWN = {
     "blocks[storage.data_ptr()] = storage.nbytes()": "exercises/save_for_backward.py's kept_alive reference",
     "return sum(blocks.values())": "exercises/save_for_backward.py's kept_alive reference",
     "return r * torch.cos(theta), r * torch.sin(theta)": "the formula 03's exercise 3.3 states, as its reference",
-    "self.peak = max(self.peak, self.now)": "student/memory.py's PeakMemory, 08's meter, keeps a peak as exercise "
-                                            "7.9's BackwardMemory must",
+    "self.peak = max(self.peak, self.now)": "student/memory.py's PeakMemory, the base of exercises/"
+                                            "engine_and_dispatcher.py's Measure, the reference 7.9's visible "
+                                            "check needs in the kernel; a meter that is or builds on a course "
+                                            "class fails 7.9 (student/engine_and_dispatcher.py's course_class)",
 }
 
 

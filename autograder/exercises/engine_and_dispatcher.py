@@ -5,7 +5,9 @@ that measures the memory a backward allocates, and the quiz.
 Every verdict compares what the student's process reports with what the grader measures in
 its own process on the same graph (built from plain data by `student.engine_and_dispatcher`):
 the engine's order recorded with pre-hooks, gradients from `torch.autograd.grad`, memory
-from the course's own meter.
+from the course's own meter. That meter, and the one 08 uses, are in the student package (the
+checks run in the student's process too): a meter that is or builds on a class of the course
+fails 7.9, observed in the student's process (best effort; a copy of their code is not seen).
 """
 from __future__ import annotations
 
@@ -552,6 +554,11 @@ def _judge_memory(want: dict, found: Any, device: str, shown: list[str]) -> None
         raise probe.Malformed("malformed memory run")
     if "error" in found:
         _raised("the backward inside your meter", probe.ProbeError(**found["error"]), *shown)
+    if found.get("course"):
+        fail(f"meter: the backward ran inside {str(found['course'])[:120]}, one of the course's own classes (your "
+             "meter is it, or is built on it), not a dispatch mode of yours.", *shown,
+             cause="the course's meters are the grader's instruments; write BackwardMemory yourself, a subclass of "
+                   "TorchDispatchMode whose __torch_dispatch__ follows the blocks each op creates.")
     log = found.get("log")
     if not isinstance(log, list):
         fail(f"meter.log must be a list of (op, bytes) pairs; it is a {str(found.get('log_type'))[:50]}.", *shown)

@@ -267,15 +267,18 @@ MEMORY_CASES = ("mlp", "layer_norm", "narrow", "chain")
 
 def memory_case(meter: Callable[[], Any], kind: str, n: int, seed: int, device: str) -> dict[str, Any]:
     """Build the graph of case `kind` (size `n`), run its backward inside `with meter() as m`,
-    and report m.log (as [op name, bytes]), m.now (right after backward) and m.peak."""
+    and report m.log (as [op name, bytes]), m.now (right after backward) and m.peak, and
+    the course's own class the meter is or is built on, if any (`course_class`)."""
     if kind not in MEMORY_CASES or not 0 < n <= 64:
         raise ValueError("unknown memory case")
     loss = _case(kind, n, torch.Generator().manual_seed(seed), device)
-    with meter() as m:
+    mode = meter()
+    with mode as m:
         loss.backward()
     now, peak, log = getattr(m, "now", None), getattr(m, "peak", None), getattr(m, "log", None)
     entries = list(log)[: 10 * LONGEST] if isinstance(log, (list, tuple)) else None
     return {
+        "course": course_class(mode) or course_class(m),
         "now": now if isinstance(now, int) else repr(now)[:100],
         "peak": peak if isinstance(peak, int) else repr(peak)[:100],
         "log": None if entries is None else [_entry(e) for e in entries],
@@ -290,6 +293,15 @@ def _entry(entry: Any) -> list[Any]:
         plain = isinstance(nbytes, int) and not isinstance(nbytes, bool)
         return [str(op)[:200], nbytes if plain else repr(nbytes)[:100]]
     return [repr(entry)[:200], None]
+
+
+def course_class(meter: Any) -> str | None:
+    """The first of the course's own classes that `meter`'s class is or derives from (the
+    course's memory meters are in this package, for the checks), as module.name; None for
+    a class of the student's own."""
+    top = __name__.split(".")[0]
+    return next((f"{c.__module__}.{c.__qualname__}" for c in type(meter).__mro__
+                 if str(getattr(c, "__module__", "")).split(".")[0] == top), None)
 
 
 @probe.procedure

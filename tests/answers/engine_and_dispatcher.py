@@ -232,6 +232,32 @@ def step_in_backward(params, lr):
 
 # --- BackwardMemory -------------------------------------------------------------------------------
 
+# The course's own meters are in the student package (its checks run in the student's process):
+# the grader's Measure, and 08's PeakMemory with a log added.
+_COURSE_MEASURE = """
+from autograder.exercises.engine_and_dispatcher import Measure as BackwardMemory
+"""
+
+_ON_PEAK_MEMORY = """
+from autograder.student.memory import PeakMemory
+
+
+class BackwardMemory(PeakMemory):
+    def __init__(self):
+        super().__init__()
+        self.log, self.made = [], 0
+
+    def created(self, nbytes):
+        super().created(nbytes)
+        self.made += nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        before = self.made
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        self.log.append((func, self.made - before))
+        return out
+"""
+
 _TUPLES = ("        for t in tree_leaves(out):  # a tuple of outputs too\n"
            "            if not isinstance(t, torch.Tensor):\n                continue\n")
 
@@ -306,6 +332,8 @@ def step_in_backward(params, lr):
     wrong("backward_memory", "logs only the operations that create memory",
           ("        self.log.append((func, created))",
            "        if created:\n            self.log.append((func, created))")),
+    wrong("backward_memory", "is the grader's own meter, imported", source=_COURSE_MEASURE),
+    wrong("backward_memory", "08's PeakMemory with a log added", source=_ON_PEAK_MEMORY),
 
     wrong("engine_answers", "the hook runs once per use; the pre-hook before the tensor hook",
           ('"a": "1"', '"a": "3"'), ('"b": "4"', '"b": "3"')),
