@@ -37,7 +37,7 @@ check: $(STAMP) system-tools
 	$(MAKE) --no-print-directory -j2 lint quick-tests
 
 quick-tests: $(STAMP)
-	$(BIN)/python -m pytest -n 2 -m "not slow" --verdicts-wrong-only
+	$(BIN)/python -m pytest -n 2 -m "not slow"
 
 # Style (ruff), types (mypy, strict on the grader, the runner, the sandbox and the student
 # package: pyproject.toml) and the trust boundary's imports (import-linter's contract).
@@ -105,21 +105,22 @@ fuzz: $(STAMP) system-tools
 	$(BIN)/python -m pytest -n 0 --timeout 0 tests/test_fuzz.py --fuzz $(FUZZ) --fuzz-replies $(FUZZ_REPLIES) \
 	  --fuzz-seed $(FUZZ_SEED)
 
-# `make test` checks that the grader's verdicts are the kernel's on a sample of the known
-# answers (the first wrong and right answer of each exercise); this on every one of them.
+# `make test` checks that the grader's verdicts are the kernel's on the model solutions and
+# the first wrong answer of each exercise; this on every known answer, wrong and right.
 verdicts: $(STAMP) system-tools
 	$(BIN)/python -m pytest tests/test_verdicts.py --verdicts-all
 
-# `make test` grades every known answer of two notebooks (tests/grading.py's GRADED_WHOLE) end
+# `make test` grades every known answer of notebook 03 (tests/grading.py's GRADED_WHOLE) end
 # to end and a wrong and a right answer of each other exercise; this every answer of every
 # notebook, and asks of each notebook that a wrong answer refutes every ✔ line its checks print.
 classes: $(STAMP) system-tools
 	$(BIN)/python -m pytest --timeout 0 tests/test_grading.py tests/test_hidden_inputs.py --classes-all
 
 # `make test` kills the grader 5 times (2 at random moments, one at each step of a save);
-# this 21 times (12 at random, each step at the first three saves).
+# this 21 times (12 at random, each step at the first three saves), and a Dask worker and the
+# scheduler mid-run.
 faults: $(STAMP) system-tools
-	$(BIN)/python -m pytest -n 0 tests/test_engine_faults.py --faults-all
+	$(BIN)/python -m pytest -n 0 tests/test_engine_faults.py tests/test_cluster.py --faults-all
 
 # `make test` compares the engine's scores with stock nbgrader's, and reads stock's feedback
 # pages, on a sample covering every kind of graded cell (three notebooks); this on every

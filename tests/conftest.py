@@ -31,13 +31,11 @@ def pytest_addoption(parser):
                      help="grade every known answer of every notebook end to end, not only grading.GRADED_WHOLE's "
                           "(the others: the first wrong and right answer of each exercise) (`make classes`)")
     parser.addoption("--verdicts-all", action="store_true",
-                     help="test_verdicts.py on every known answer, not the first of each kind per exercise "
+                     help="test_verdicts.py on every known answer, not the first wrong one of each exercise "
                           "(`make verdicts`)")
-    parser.addoption("--verdicts-wrong-only", action="store_true",
-                     help="test_verdicts.py on the model solutions and the first wrong answer of each exercise "
-                          "(`make check`)")
     parser.addoption("--faults-all", action="store_true",
-                     help="test_engine_faults.py kills the grader 21 times, not 7 (`make faults`)")
+                     help="test_engine_faults.py kills the grader 21 times, not 5, and test_cluster.py kills a Dask "
+                          "worker and the scheduler mid-run (`make faults`)")
     parser.addoption("--fuzz", type=int, default=24,
                      help="mutated notebooks graded by test_fuzz.py (`make fuzz`: 1000)")
     parser.addoption("--fuzz-seed", type=int, default=20261127, help="the seed test_fuzz.py generates them from")

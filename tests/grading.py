@@ -212,9 +212,9 @@ def packed(kind: str, answers: list, wrong: bool) -> list[Submission]:
 # quiz scored in part (03); answers of an earlier notebook imported (02); a design and a
 # written answer a person grades, capstone checks (11).
 COVERING = ("02_higher_order_and_fusion", "03_function_basics", "11_capstone")
-# The notebooks whose class batches grade every known answer in `make test` (`--classes-all`:
+# The notebook whose class batch grades every known answer in `make test` (`--classes-all`:
 # every notebook's); the others grade the first wrong and right answer of each exercise.
-GRADED_WHOLE = ("02_higher_order_and_fusion", "03_function_basics")
+GRADED_WHOLE = ("03_function_basics",)
 
 
 def every_answer_graded(slug: str, config: pytest.Config) -> bool:

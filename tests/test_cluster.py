@@ -146,7 +146,14 @@ def test_the_class_graded_on_the_cluster_equals_the_local_run(cluster, courses, 
 
 
 
-def test_a_dask_worker_killed_mid_notebook_loses_nothing_and_grades_nothing_twice(cluster, courses, tmp_path):
+@pytest.fixture
+def faults(pytestconfig):
+    """Killing a Dask worker or the scheduler mid-run is `make faults`' (--faults-all)."""
+    if not pytestconfig.getoption("--faults-all"):
+        pytest.skip("a Dask worker or scheduler killed mid-run: make faults")
+
+
+def test_a_dask_worker_killed_mid_notebook_loses_nothing_and_grades_nothing_twice(faults, cluster, courses, tmp_path):
     _, local = courses
     course = clone(local, tmp_path / "course")
     grader = subprocess.Popen([AUTOGRADER, "grade", "--force", "--scheduler", cluster.address], cwd=course.root,
@@ -171,7 +178,7 @@ def test_a_dask_worker_killed_mid_notebook_loses_nothing_and_grades_nothing_twic
     cluster.wait_for(2)  # its nanny started it again
 
 
-def test_the_scheduler_gone_stops_the_run_and_a_rerun_grades_only_the_rest(cluster, courses, tmp_path):
+def test_the_scheduler_gone_stops_the_run_and_a_rerun_grades_only_the_rest(faults, cluster, courses, tmp_path):
     ungraded, local = courses
     course = clone(ungraded, tmp_path / "course")
     cluster.stop()  # a cluster of its own (one worker), the same code as this grader's

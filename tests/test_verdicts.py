@@ -50,27 +50,24 @@ def _trusted_scores(cells: list, ns: dict) -> dict[str, bool]:
     return {v.grade_id: v.score == v.max_score for v in verdicts(cells, loopback(ns), SEEDS)}
 
 
-def _cases(every: bool, wrong_only: bool):
-    """The model solution of each notebook, and the known answers: every one with
-    `--verdicts-all` (`make verdicts`), else the first wrong and the first unusual right
-    answer of each exercise (test_grading.py grades every known answer end to end), or
-    the first wrong one alone with `--verdicts-wrong-only` (`make check`)."""
+def _cases(every: bool):
+    """The model solution of each notebook, and the known answers: every wrong and right one
+    with `--verdicts-all` (`make verdicts`), else the first wrong answer of each exercise
+    (test_grading.py grades the first wrong and the first unusual right one of each exercise
+    end to end, and every one with `make classes`)."""
     for slug in SLUGS:
         yield pytest.param(slug, None, id=f"{slug}-model")
         module = for_notebook(slug)
-        seen: set[tuple[str, bool]] = set()
-        for answer in module.MUTANTS + ([] if wrong_only else module.VARIANTS):
-            kind = (answer.exercise, answer in module.MUTANTS)
-            if every or kind not in seen:
-                seen.add(kind)
+        seen: set[str] = set()
+        for answer in module.MUTANTS + (module.VARIANTS if every else []):
+            if every or answer.exercise not in seen:
+                seen.add(answer.exercise)
                 yield pytest.param(slug, answer, id=f"{slug}-{answer.exercise}-{answer.label}")
 
 
 def pytest_generate_tests(metafunc):
     if {"slug", "answer"} <= set(metafunc.fixturenames):
-        options = metafunc.config.getoption
-        cases = _cases(options("--verdicts-all"), options("--verdicts-wrong-only"))
-        metafunc.parametrize("slug, answer", list(cases))
+        metafunc.parametrize("slug, answer", list(_cases(metafunc.config.getoption("--verdicts-all"))))
 
 
 def test_trusted_verdict_agrees_with_the_kernel(slug, answer):
