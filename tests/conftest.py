@@ -36,7 +36,7 @@ def pytest_addoption(parser):
     parser.addoption("--faults-all", action="store_true",
                      help="test_engine_faults.py kills the grader 21 times, not 5, and test_cluster.py kills a Dask "
                           "worker and the scheduler mid-run (`make faults`)")
-    parser.addoption("--fuzz", type=int, default=24,
+    parser.addoption("--fuzz", type=int, default=12,
                      help="mutated notebooks graded by test_fuzz.py (`make fuzz`: 1000)")
     parser.addoption("--fuzz-seed", type=int, default=20261127, help="the seed test_fuzz.py generates them from")
     parser.addoption("--fuzz-replies", type=int, default=40,
