@@ -5,6 +5,7 @@ nothing and grades nothing twice; a scheduler that goes away stops the run clean
 rerun on a new cluster grades only what was left."""
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -47,9 +48,13 @@ class Cluster:
         self.scheduler = self._spawn(f"scheduler-{self.started}", "scheduler", "--host", "127.0.0.1", "--port", "0",
                                      "--no-dashboard", "--scheduler-file", str(scheduler_file))
         deadline = time.monotonic() + 120
-        while not scheduler_file.exists() and time.monotonic() < deadline and self.scheduler.poll() is None:
+        self.address = ""
+        while not self.address and time.monotonic() < deadline and self.scheduler.poll() is None:
+            with contextlib.suppress(OSError, ValueError):  # not there yet, or not whole yet (seen on a busy machine)
+                self.address = json.loads(scheduler_file.read_text())["address"]
             time.sleep(0.1)
-        self.address = json.loads(scheduler_file.read_text())["address"]
+        log = self.folder / f"scheduler-{self.started}.log"
+        assert self.address, f"the Dask scheduler wrote no address: {log.read_text()}"
         self.nannies = [self._spawn(f"worker-{self.started}-{k}", "worker", self.address, "--nthreads", "1",
                                     "--host", "127.0.0.1", "--no-dashboard", "--name", f"w{k}",
                                     "--local-directory", str(self.folder / f"w{self.started}-{k}"))
