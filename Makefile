@@ -20,11 +20,11 @@ WORK ?= work
 PUBLIC ?= public
 ROOT_FLAG = $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
-.PHONY: test tests check quick-tests lint lab instructor release publish autograde bench compare-stock classes verdicts fuzz faults bench-function-check gpu-check gpu-wheels lock system-tools test-tools hub-tools clean
+.PHONY: test tests check quick-tests lint lab instructor release publish autograde bench compare-stock classes integration verdicts fuzz faults bench-function-check gpu-check gpu-wheels lock system-tools test-tools hub-tools clean
 
 # Lint runs beside the tests (mypy's minute on one core while the test workers start); a
 # lint error fails the run when the tests end.
-test: $(STAMP) system-tools test-tools hub-tools
+test: $(STAMP) system-tools test-tools
 	$(MAKE) --no-print-directory -j2 lint tests
 
 tests: $(STAMP)
@@ -110,6 +110,12 @@ fuzz: $(STAMP) system-tools
 verdicts: $(STAMP) system-tools
 	$(BIN)/python -m pytest tests/test_verdicts.py --verdicts-all
 
+# What people see and the servers a class runs on, each path whole: JupyterLab, formgrader and
+# a hand-graded write-up in Chromium, a JupyterHub class, a PostgreSQL gradebook, a Dask cluster
+# (its worker and scheduler killed mid-run: make faults). `make test` skips them.
+integration: $(STAMP) system-tools test-tools hub-tools
+	$(BIN)/python -m pytest -m integration --integration
+
 # `make test` grades every known answer of notebook 03 (tests/grading.py's GRADED_WHOLE) end
 # to end and a wrong and a right answer of each other exercise; this every answer of every
 # notebook, and asks of each notebook that a wrong answer refutes every ✔ line its checks print.
@@ -120,7 +126,7 @@ classes: $(STAMP) system-tools
 # this 21 times (12 at random, each step at the first three saves), and a Dask worker and the
 # scheduler mid-run.
 faults: $(STAMP) system-tools
-	$(BIN)/python -m pytest -n 0 tests/test_engine_faults.py tests/test_cluster.py --faults-all
+	$(BIN)/python -m pytest -n 0 tests/test_engine_faults.py tests/test_cluster.py --faults-all --integration
 
 # `make test` compares the engine's scores with stock nbgrader's, and reads stock's feedback
 # pages, on a sample covering every kind of graded cell (three notebooks); this on every

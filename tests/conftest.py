@@ -36,6 +36,8 @@ def pytest_addoption(parser):
     parser.addoption("--faults-all", action="store_true",
                      help="test_engine_faults.py kills the grader 21 times, not 5, and test_cluster.py kills a Dask "
                           "worker and the scheduler mid-run (`make faults`)")
+    parser.addoption("--integration", action="store_true",
+                     help="run the tests marked integration: real servers and browsers (`make integration`)")
     parser.addoption("--fuzz", type=int, default=12,
                      help="mutated notebooks graded by test_fuzz.py (`make fuzz`: 1000)")
     parser.addoption("--fuzz-seed", type=int, default=20261127, help="the seed test_fuzz.py generates them from")
@@ -56,7 +58,10 @@ def pytest_collection_modifyitems(config, items):
     sharing a set-up (a notebook's graded class, a module's graded course or server) run in
     one worker, the longest units first (tests/scheduling.py)."""
     labels = _exercises_by_label()
+    skip_integration = pytest.mark.skip(reason="real servers and browsers: make integration")
     for item in items:
+        if "integration" in item.keywords and not config.getoption("--integration"):
+            item.add_marker(skip_integration)
         params = item.callspec.params if hasattr(item, "callspec") else {}
         for grade_id in _exercises_of(params, labels) | _exercises_named(getattr(item, "originalname", item.name)):
             item.add_marker(getattr(pytest.mark, grade_id))

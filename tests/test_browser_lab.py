@@ -26,7 +26,7 @@ from autograder.student import handin
 from engine_course import grade, solutions
 from grading import Course, canvas_download, points
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("browser")]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("browser"), pytest.mark.integration]
 SLUG = "03_function_basics"
 GRAPHS = "07_double_backward"
 WRONG_BIAS = ("grad_bias = grad_output.sum(0)", "grad_bias = grad_output.mean(0)")  # a known wrong answer

@@ -23,7 +23,7 @@ import browser
 from engine_course import grade, solutions
 from grading import Course, points
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("browser")]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("browser"), pytest.mark.integration]
 SLUG = "11_capstone"
 WRITEUP = "design"  # the grade_id of the write-up
 WRITTEN = 4  # its points

@@ -21,7 +21,7 @@ import pytest
 from engine_course import clone, grade, run_state, solutions
 from grading import Course
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster")]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster"), pytest.mark.integration]
 SLUG = "03_function_basics"
 STUDENTS = [f"s{k:02d}" for k in range(6)]
 DASK = str(Path(sys.executable).with_name("dask"))

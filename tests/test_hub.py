@@ -34,7 +34,7 @@ from autograder import authoring
 from engine_course import solutions
 from grading import points
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("browser")]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("browser"), pytest.mark.integration]
 SOURCE = "03_function_basics"  # the notebook whose first exercise the class does
 SLUG = "00_clipped_relu"
 NOTEBOOK = f"{SLUG}/{SLUG}.ipynb"

@@ -23,7 +23,7 @@ from autograder.grader import class_report
 from engine_course import clone, grade, solutions
 from grading import Course
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("postgres")]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("postgres"), pytest.mark.integration]
 SLUG = "03_function_basics"
 STUDENTS = [f"s{k:02d}" for k in range(8)]
 AUTOGRADER = str(Path(sys.executable).with_name("autograder"))

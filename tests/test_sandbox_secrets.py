@@ -57,7 +57,7 @@ def find(roots, pruned):
         found.update(p for p in listed.stdout.split(bytes(1)) if p)
     return found
 
-files = find(roots, [*pruned, *public])
+files = find([r for r in roots if not any(r == p or r.startswith(p + "/") for p in public)], [*pruned, *public])
 sizes = {}
 for path in files:
     try:
