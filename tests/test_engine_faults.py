@@ -183,6 +183,22 @@ def test_closing_the_pool_does_not_wait_for_a_worker_still_warming_up(monkeypatc
     assert pool.workers[0].process is None and not pool.workers[0].ready
 
 
+def test_a_worker_closed_while_it_starts_is_not_started_again(monkeypatch, tmp_path):
+    """The pool closes while its thread is starting a worker (between its being counted as
+    warming and its process's start): the kill waits for the start, and the thread's wait
+    for the worker to be ready then fails at once instead of starting it again and waiting
+    STARTUP seconds (a grading run's end, and test_pools_running_at_once, hung 300 s so)."""
+    real = sandbox.launch
+    monkeypatch.setattr(sandbox, "launch", lambda *args: dataclasses.replace(real(*args), argv=["sleep", "600"]))
+    worker = Worker(sandbox.Isolation(None, 0, "none"), tmp_path, tmp_path, 0)
+    worker.start()
+    worker.close()  # as Pool.close does to a worker warming up
+    started = time.monotonic()
+    with pytest.raises(WorkerError, match="closing"):
+        worker.ensure_ready()
+    assert worker.starts == 1 and worker.process is None and time.monotonic() - started < 5
+
+
 def test_pools_running_at_once_run_their_notebooks_as_users_of_their_own(monkeypatch, tmp_path):
     """A worker's notebooks run as a user of its own (its slot), and the process limit counts
     per user across the machine: two grading runs at once (two courses, the Dask workers of a

@@ -64,10 +64,20 @@ class Worker:
         self.compiles = False  # and whether to compile once on starting
         # The pool's thread starts it while the grader's asks it to preload: one at a time.
         self.starting = threading.RLock()
+        self.closed = False  # its pool is closing: never started again
 
     def start(self) -> None:
         with self.starting:
+            if self.closed:
+                raise WorkerError("its pool is closing")
             self._start()
+
+    def close(self) -> None:
+        """Killed, and never started again: a pool closing while this worker warms up must not
+        see it started once more (ensure_ready would then wait STARTUP seconds for it)."""
+        with self.starting:
+            self.closed = True
+            self.kill()
 
     def _start(self) -> None:
         ours, theirs = socket.socketpair()
@@ -408,7 +418,7 @@ class Pool:
         with self._lock:
             self._closing = True
             for worker in self._warming:  # not waited for: there is nothing left for it to run
-                worker.kill()
+                worker.close()
         for _ in self.threads:
             self.todo.put(None)
         for thread in self.threads:
