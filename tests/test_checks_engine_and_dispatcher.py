@@ -127,7 +127,10 @@ def test_a_step_that_misses_earlier_micro_batches_is_told_so():
 # --- The memory meter ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("label, needles", [
-    ("never subtracts freed blocks", ["meter.now", "was not subtracted"]),
+    # A meter that never lets a freed block go is told so, or, where the allocator has handed
+    # that block's address to a later op's output first (which depends on what the process ran
+    # before), told that this output was new memory it did not log.
+    ("never subtracts freed blocks", [["meter.now", "was not subtracted"], ["created", "your log says 0"]]),
     ("counts views and in-place results as new memory", ["aten.t.default, created 0 bytes", "no memory of its own"]),
     ("looks at a single output only, not tuples", ["native_layer_norm_backward", "several (a tuple"]),
     ("follows the tensor, not its block", ["still alive", "watch the block"]),
@@ -137,7 +140,9 @@ def test_a_step_that_misses_earlier_micro_batches_is_told_so():
     ("08's PeakMemory with a log added", ["student.memory.PeakMemory", "not a dispatch mode of yours"]),
 ])
 def test_a_wrong_meter_is_told_why(label, needles):
-    _fails(ex.check_backward_memory, answer("backward_memory", label), *needles)
+    message = _fails(ex.check_backward_memory, answer("backward_memory", label))
+    told = needles if isinstance(needles[0], list) else [needles]  # one of several diagnoses, or this one
+    assert any(all(needle in message for needle in diagnosis) for diagnosis in told), message
 
 
 def test_the_grader_measure_is_the_course_meter_and_the_same_every_time():
