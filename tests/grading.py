@@ -230,7 +230,7 @@ class ClassBatch:
     exercises: list[Exercise]
     submissions: dict[str, Submission]
     result: subprocess.CompletedProcess
-    every: bool = True  # every known answer graded, not the sample (every_answer_graded)
+    every: bool  # every known answer graded, not the sample (every_answer_graded)
     scores_read: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict, repr=False)
 
     # What stock nbgrader also grades in `make test`: a wrong and a right answer of every
@@ -250,7 +250,7 @@ class ClassBatch:
                 *packed("right", module.VARIANTS, False)[:kept]]
 
     @staticmethod
-    def graded(slug: str, root: Path, every: bool = True) -> "ClassBatch":
+    def graded(slug: str, root: Path, every: bool) -> "ClassBatch":
         course = Course(root, [slug])
         nb = nbformat.read(authoring.solution_path(slug), as_version=4)
         found = exercises(nb)
